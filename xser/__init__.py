@@ -1,0 +1,44 @@
+"""xser: save machine-learning experiments the way XNMT did, and better.
+
+Components are attrs classes built from YAML specs; each component that owns
+parameters has one named subcollection; a saved model is one YAML spec plus a
+data directory with one entry per subcollection.
+"""
+
+from ._version import __version__ as __version__
+from .api import load as load
+from .api import load_config as load_config
+from .api import read_params as read_params
+from .api import save as save
+from .build import Experiment as Experiment
+from .build import ExperimentSpec as ExperimentSpec
+from .build import build as build
+from .errors import CheckpointError as CheckpointError
+from .errors import DataError as DataError
+from .errors import Location as Location
+from .errors import RegistryError as RegistryError
+from .errors import SpecError as SpecError
+from .errors import XserError as XserError
+from .params import Subcollection as Subcollection
+from .params import params as params
+from .registry import serializable as serializable
+
+__all__ = [
+    "CheckpointError",
+    "DataError",
+    "Experiment",
+    "ExperimentSpec",
+    "Location",
+    "RegistryError",
+    "SpecError",
+    "Subcollection",
+    "XserError",
+    "__version__",
+    "build",
+    "load",
+    "load_config",
+    "params",
+    "read_params",
+    "save",
+    "serializable",
+]

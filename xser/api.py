@@ -1,0 +1,128 @@
+"""The public verbs: ``load_config``, ``save``, ``load``, ``read_params``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+from .build import Experiment, ExperimentSpec, build_spec
+from .errors import Location, SpecError
+from .spec import Doc, dump, read
+from .serialize import to_tree
+from .store import DataDir, data_dir_of, write_datadir, write_text_atomic
+
+__all__ = ["load", "load_config", "read_model_spec", "read_params", "save"]
+
+SPEC_FORMAT = 1
+_HEADER = "# xser saved model: the spec of one experiment; its parameters are in {data}/\n"
+
+
+def _is_saved(doc: Doc) -> bool:
+    return isinstance(doc.tree, dict) and "xser_format" in doc.tree
+
+
+def _saved_spec(doc: Doc, path: str) -> ExperimentSpec:
+    tree = doc.tree
+    version = tree.get("xser_format")
+    loc = doc.where(tree, "xser_format")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SpecError(f"xser_format must be an int, got {version!r}", loc)
+    if version > SPEC_FORMAT:
+        raise SpecError(f"xser_format {version} was written by a newer xser (this one reads <= {SPEC_FORMAT})", loc)
+    unknown = set(tree) - {"xser_format", "name", "experiment"}
+    if unknown:
+        key = sorted(unknown, key=str)[0]
+        raise SpecError(f"unknown top-level key {key!r} in a saved model", doc.where(tree, key, of_key=True))
+    if "experiment" not in tree:
+        raise SpecError("saved model has no 'experiment'", doc.where(tree))
+    name = tree.get("name")
+    return ExperimentSpec(name, tree["experiment"], doc, path, data_dir_of(path))
+
+
+def read_model_spec(path: str | os.PathLike) -> ExperimentSpec:
+    """The one experiment of a saved model file (``xser_format`` at the top)."""
+    path = os.fspath(path)
+    doc = read(path)
+    if not _is_saved(doc):
+        raise SpecError("not a saved xser model (no xser_format key); is this a config file?", Location(path, 1, 1))
+    return _saved_spec(doc, path)
+
+
+def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
+    """The experiments of a config file, ``{name: spec}`` in file order (unbuilt)."""
+    path = os.fspath(path)
+    doc = read(path)
+    if _is_saved(doc):
+        spec = _saved_spec(doc, path)
+        return {spec.name if spec.name is not None else os.path.basename(path): spec}
+    if doc.tree is None:
+        return {}
+    if not isinstance(doc.tree, dict):
+        raise SpecError(
+            f"a config file is a mapping of named experiments, got {type(doc.tree).__name__}", doc.where(doc.tree) or Location(path, 1, 1)
+        )
+    out = {}
+    for name, tree in doc.tree.items():
+        if not isinstance(name, str):
+            raise SpecError(f"experiment names must be strings, got {name!r}", doc.where(doc.tree, name, of_key=True))
+        out[name] = ExperimentSpec(name, tree, doc, path)
+    return out
+
+
+def _experiment_name(obj: Any) -> str | None:
+    if isinstance(obj, Experiment):
+        return obj.name
+    return getattr(obj, "__dict__", {}).get("_xser_experiment")
+
+
+def save(
+    obj: Any,
+    path: str | os.PathLike,
+    *,
+    durable: bool = True,
+    name: str | None = None,
+    training: dict | None = None,
+    custom: dict | None = None,
+) -> None:
+    """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters).
+
+    ``training`` and ``custom`` are JSON mappings stored in the manifest; xser never
+    writes ``custom`` itself. A durable save fsyncs files and directories before it
+    returns; ``durable=False`` skips that.
+    """
+    path = os.fspath(path)
+    tree, subcols = to_tree(obj)
+    exp_name = name if name is not None else _experiment_name(obj)
+    doc = {"xser_format": SPEC_FORMAT, "name": exp_name, "experiment": tree}
+    text = _HEADER.format(data=os.path.basename(path) + ".data") + dump(doc)
+    arrays = {sub_name: sub.current() for sub_name, (sub, _) in subcols.items()}
+    write_datadir(data_dir_of(path), arrays, durable=durable, training=training, custom=custom)
+    write_text_atomic(path, text, durable=durable)
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    mmap: bool = False,
+    strict: bool = True,
+    verify: bool = False,
+) -> Any:
+    """Build a saved model; its parameters come from ``path.data/``.
+
+    ``mmap=True`` maps arrays copy-on-write (lazy, fast open). ``strict=False``
+    tolerates subcollections on disk that the spec does not use; a subcollection
+    the spec needs but the data lacks is always an error. ``verify=True`` checks
+    every file's checksum.
+    """
+    spec = read_model_spec(path)
+    return build_spec(spec, mmap=mmap, verify=verify, strict=strict)
+
+
+def read_params(
+    path: str | os.PathLike, *, mmap: bool = False, verify: bool = False
+) -> dict[str, dict[str, Any]]:
+    """``{subcollection: {param: array}}`` of a saved model, without building objects."""
+    return DataDir.open(data_dir_of(os.fspath(path))).read_all(mmap=mmap, verify=verify)
+
+

@@ -1,0 +1,157 @@
+"""The default weight format: ``.npy`` (numpy's own, 64-byte aligned headers, mmap-able).
+
+Files are readable with ``numpy.load(path, allow_pickle=False)`` alone. Writes compute a
+CRC-32 of the whole file while writing, chunk by chunk, so the data is hashed while it
+is still in the CPU cache. Reads check the header against the manifest and the file
+size *before* allocating anything.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zlib
+from typing import Protocol
+
+import numpy as np
+import numpy.lib.format as npf
+
+from ..errors import DataError, shape_str
+
+__all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
+
+CHUNK = 8 << 20
+
+
+class Format(Protocol):
+    name: str
+    suffix: str
+
+    def write(self, path: str, array: np.ndarray) -> tuple[int, int]:
+        """Write ``array`` to a new file ``path``; return (file size, CRC-32 of the file)."""
+        ...
+
+    def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: int | None) -> np.ndarray:
+        """Read the array back, checking it against the manifest's dtype, shape and size."""
+        ...
+
+
+def describe_dtype(dtype: np.dtype):
+    """The manifest's dtype: numpy's ``.npy`` descr (``'<f4'``, or a list for records)."""
+    return npf.dtype_to_descr(np.dtype(dtype))
+
+
+def _tuplify(descr):
+    if isinstance(descr, list):
+        return [tuple(_tuplify(x) for x in item) if isinstance(item, list) else item for item in descr]
+    return descr
+
+
+def parse_dtype(descr) -> np.dtype:
+    """Inverse of ``describe_dtype``; raises ``ValueError``/``TypeError`` on junk."""
+    dt = npf.descr_to_dtype(_tuplify(descr))
+    if dt.hasobject:
+        raise ValueError("object dtypes need pickle and are not supported")
+    return dt
+
+
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """The array's bytes in memory order, as a flat uint8 view (no copy)."""
+    flat = array.reshape(-1, order="A")
+    return flat.view(np.uint8)
+
+
+def _header(array: np.ndarray) -> bytes:
+    d = npf.header_data_from_array_1_0(array)
+    buf = io.BytesIO()
+    try:
+        npf.write_array_header_1_0(buf, d)
+    except ValueError:  # header longer than 64 KiB (huge record dtypes)
+        buf = io.BytesIO()
+        npf.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def read_header(f, path: str) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, data offset) of an open ``.npy`` file."""
+    try:
+        version = npf.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npf.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npf.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
+    except (ValueError, SyntaxError, EOFError, OSError) as e:
+        raise DataError(f"not a valid .npy file: {e}", _where(path)) from None
+    if dtype.hasobject:
+        raise DataError("object arrays need pickle and are never loaded", _where(path))
+    return shape, fortran, dtype, f.tell()
+
+
+def _where(path: str):
+    from ..errors import Location
+
+    return Location(path)
+
+
+class NpyFormat:
+    name = "npy"
+    suffix = ".npy"
+
+    def write(self, path: str, array: np.ndarray) -> tuple[int, int]:
+        if array.dtype.hasobject:
+            raise DataError("object arrays cannot be saved (they need pickle)", _where(path))
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            array = np.ascontiguousarray(array)
+        header = _header(array)
+        crc = zlib.crc32(header)
+        with open(path, "xb") as f:
+            f.write(header)
+            data = byte_view(array) if array.size else np.empty(0, np.uint8)
+            for start in range(0, data.size, CHUNK):
+                chunk = data[start : start + CHUNK]
+                crc = zlib.crc32(chunk, crc)
+                f.write(chunk)
+        return len(header) + data.size, crc
+
+    def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: int | None) -> np.ndarray:
+        with open(path, "rb") as f:
+            actual = os.fstat(f.fileno()).st_size
+            if actual != size:
+                raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(path))
+            fshape, fortran, fdtype, offset = read_header(f, path)
+            if fdtype != dtype:
+                raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(path))
+            if tuple(fshape) != tuple(shape):
+                raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(path))
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if offset + nbytes != actual:
+                raise DataError(
+                    f"header promises {nbytes} bytes of data for shape {shape_str(shape)} {dtype}, "
+                    f"the file holds {actual - offset}",
+                    _where(path),
+                )
+            order = "F" if fortran else "C"
+            if mmap and nbytes and verify is None:
+                return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
+            out = np.empty(tuple(shape), dtype=dtype, order=order)
+            view = byte_view(out) if nbytes else np.empty(0, np.uint8)
+            pos = 0
+            while pos < nbytes:
+                n = f.readinto(view[pos:])
+                if not n:
+                    raise DataError(f"file ended after {pos} of {nbytes} data bytes", _where(path))
+                pos += n
+            if verify is not None:
+                f.seek(0)
+                crc = zlib.crc32(view, zlib.crc32(f.read(offset)))
+                if crc != verify:
+                    raise DataError(f"checksum mismatch: crc32 {crc:08x} on disk, {verify:08x} in manifest", _where(path))
+            if mmap and nbytes:
+                # verified first, then mapped: the caller still gets a lazy copy-on-write map
+                return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
+            return out
+
+
+NPY = NpyFormat()

@@ -1,0 +1,379 @@
+"""The ``<model>.data`` directory: layout, manifest, atomic commit, eager and lazy reads.
+
+Layout (``docs/format.md`` is the specification)::
+
+    model.yaml.data/
+        manifest.json            # written last: the commit point
+        Linear.98dc700f/         # one entry per subcollection, named exactly after it
+            W.npy
+            b.npy
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+import numpy as np
+
+from . import _version
+from .errors import DataError, Location, shape_str
+from .formats import FORMATS
+from .formats.npy import describe_dtype, parse_dtype
+
+__all__ = ["DataDir", "ParamEntry", "write_datadir", "data_dir_of"]
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+TMP_MARK = ".tmp-"
+OLD_MARK = ".old-"
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    """A shared pool for file I/O (numpy and zlib release the GIL while copying and hashing)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="xser-io")
+    return _POOL
+
+
+def data_dir_of(spec_path: str | os.PathLike, checkpoint: int = 0) -> str:
+    base = os.fspath(spec_path) + ".data"
+    return base if checkpoint == 0 else f"{base}.{checkpoint}"
+
+
+@attrs.frozen
+class Block:
+    """One file holding (part of) a parameter. ``start``/``shape`` are reserved for partitioned layouts."""
+
+    file: str
+    format: str
+    bytes: int
+    crc32: int
+
+
+@attrs.frozen
+class ParamEntry:
+    subcol: str
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    trainable: bool
+    blocks: tuple[Block, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _plain(value: Any, where: str) -> Any:
+    """Check that a ``training``/``custom`` mapping is JSON data."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=True))
+    except (TypeError, ValueError) as e:
+        raise DataError(f"{where} must be JSON data (dicts, lists, str, numbers, bool, None): {e}") from None
+
+
+def write_datadir(
+    target: str,
+    subcols: Mapping[str, Mapping[str, tuple[np.ndarray, bool]]],
+    *,
+    durable: bool = True,
+    training: Mapping | None = None,
+    custom: Mapping | None = None,
+) -> None:
+    """Write ``{subcol: {param: (array, trainable)}}`` to ``target`` all-or-nothing.
+
+    Everything goes into ``<target>.tmp-<pid>-<hex>`` first; the manifest is written
+    last; then the directory is published by rename. The previous ``target`` is
+    untouched until the new one is complete.
+    """
+    training = _plain(dict(training or {}), "training")
+    custom = _plain(dict(custom or {}), "custom")
+    parent = os.path.dirname(os.path.abspath(target))
+    tmp = f"{target}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(tmp)
+        jobs: list[tuple[str, str, str, np.ndarray, bool, Future]] = []
+        for sub, params in subcols.items():
+            os.mkdir(os.path.join(tmp, sub))
+            for pname, (arr, trainable) in params.items():
+                rel = f"{sub}/{pname}{FORMATS['npy'].suffix}"
+                fut = pool().submit(_write_one, os.path.join(tmp, rel), arr, durable)
+                jobs.append((sub, pname, rel, arr, trainable, fut))
+        manifest: dict[str, Any] = {
+            "format": "xser",
+            "format_version": FORMAT_VERSION,
+            "xser_version": _version.__version__,
+            "created": _now(),
+            "training": training,
+            "custom": custom,
+            "subcollections": {sub: {} for sub in subcols},
+        }
+        for sub, pname, rel, arr, trainable, fut in jobs:
+            size, crc = fut.result()
+            manifest["subcollections"][sub][pname] = {
+                "dtype": describe_dtype(arr.dtype),
+                "shape": list(arr.shape),
+                "trainable": bool(trainable),
+                "blocks": [{"file": rel, "format": "npy", "bytes": size, "crc32": f"{crc:08x}"}],
+            }
+        mpath = os.path.join(tmp, MANIFEST)
+        with open(mpath, "x", encoding="utf-8") as f:
+            f.write(render_manifest(manifest))
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if durable:
+            for sub in subcols:
+                _fsync_dir(os.path.join(tmp, sub))
+            _fsync_dir(tmp)
+        old = None
+        if os.path.lexists(target):
+            old = f"{target}{OLD_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(target, old)
+        os.rename(tmp, target)
+        if durable:
+            _fsync_dir(parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"cannot write data directory: {e.strerror or e}", Location(e.filename or target)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def render_manifest(manifest: dict) -> str:
+    """JSON with one line per parameter entry: diffable and readable by eye."""
+    enc = lambda v: json.dumps(v, ensure_ascii=False, allow_nan=True)  # noqa: E731
+    lines = ["{"]
+    for key, value in manifest.items():
+        if key != "subcollections":
+            lines.append(f"  {enc(key)}: {enc(value)},")
+    subs = manifest["subcollections"]
+    lines.append('  "subcollections": {' + ("" if subs else "}"))
+    for i, (sub, params) in enumerate(subs.items()):
+        end = "," if i < len(subs) - 1 else ""
+        if not params:
+            lines.append(f"    {enc(sub)}: {{}}{end}")
+            continue
+        lines.append(f"    {enc(sub)}: {{")
+        for j, (pname, entry) in enumerate(params.items()):
+            lines.append(f"      {enc(pname)}: {enc(entry)}" + ("," if j < len(params) - 1 else ""))
+        lines.append("    }" + end)
+    if subs:
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_one(path: str, arr: np.ndarray, durable: bool) -> tuple[int, int]:
+    size, crc = FORMATS["npy"].write(path, arr)
+    if durable:
+        _fsync_file(path)
+    return size, crc
+
+
+def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
+    """Write a small text file by temporary file + ``os.replace``."""
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            _fsync_dir(parent)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise DataError(f"cannot write file: {e.strerror or e}", Location(e.filename or path)) from None
+
+
+# ---------------------------------------------------------------- reading
+
+
+class DataDir:
+    """A published data directory, opened by reading and checking its manifest."""
+
+    def __init__(self, path: str, meta: dict, entries: dict[str, dict[str, ParamEntry]]) -> None:
+        self.path = path
+        self.meta = meta
+        self.subcollections = entries
+        self._real = os.path.realpath(path)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> DataDir:
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise DataError("data directory not found (was the model saved with xser.save?)", Location(path))
+        mpath = os.path.join(path, MANIFEST)
+        try:
+            with open(mpath, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise DataError("manifest.json is missing: not a complete xser data directory", Location(path)) from None
+        except OSError as e:
+            raise DataError(f"cannot read manifest: {e.strerror}", Location(mpath)) from None
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"corrupt manifest: not UTF-8 ({e.reason} at byte {e.start})", Location(mpath)) from None
+        except json.JSONDecodeError as e:
+            raise DataError(f"corrupt manifest: {e.msg}", Location(mpath, e.lineno, e.colno)) from None
+        return cls(path, *_check_manifest(manifest, mpath))
+
+    def entry(self, subcol: str, name: str) -> ParamEntry:
+        return self.subcollections[subcol][name]
+
+    def _file(self, rel: str) -> str:
+        full = os.path.join(self.path, rel)
+        real = os.path.realpath(full)
+        if not real.startswith(self._real + os.sep):
+            raise DataError(f"file {rel!r} resolves outside the data directory", Location(os.path.join(self.path, MANIFEST)))
+        return full
+
+    def read(self, entry: ParamEntry, *, mmap: bool = False, verify: bool = False) -> np.ndarray:
+        (block,) = entry.blocks
+        fmt = FORMATS[block.format]
+        full = self._file(block.file)
+        try:
+            return fmt.read(full, entry.dtype, entry.shape, block.bytes, mmap=mmap, verify=block.crc32 if verify else None)
+        except FileNotFoundError:
+            raise DataError(
+                f"file of param {entry.name!r} of {entry.subcol} is missing", Location(full)
+            ) from None
+        except OSError as e:
+            raise DataError(f"cannot read: {e.strerror or e}", Location(full)) from None
+
+    def read_many(
+        self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False
+    ) -> dict[tuple[str, str], Future]:
+        """Start reading several parameters at once; returns futures keyed by (subcol, name)."""
+        out: dict[tuple[str, str], Future] = {}
+        for e in entries:
+            if mmap and not verify:
+                fut: Future = Future()
+                try:
+                    fut.set_result(self.read(e, mmap=True))
+                except DataError as err:
+                    fut.set_exception(err)
+                out[(e.subcol, e.name)] = fut
+            else:
+                out[(e.subcol, e.name)] = pool().submit(self.read, e, mmap=mmap, verify=verify)
+        return out
+
+    def read_all(self, *, mmap: bool = False, verify: bool = False) -> dict[str, dict[str, np.ndarray]]:
+        futs = self.read_many((e for s in self.subcollections.values() for e in s.values()), mmap=mmap, verify=verify)
+        result: dict[str, dict[str, np.ndarray]] = {s: {} for s in self.subcollections}
+        for (sub, name), fut in futs.items():
+            result[sub][name] = fut.result()
+        return result
+
+
+def _bad(msg: str, mpath: str) -> DataError:
+    return DataError(f"corrupt manifest: {msg}", Location(mpath))
+
+
+def _check_name(rel: Any, mpath: str) -> str:
+    if not isinstance(rel, str) or not rel:
+        raise _bad(f"file name must be a non-empty string, got {rel!r}", mpath)
+    parts = rel.split("/")
+    if rel.startswith("/") or os.path.isabs(rel) or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the data directory)", Location(mpath))
+    return rel
+
+
+def _check_manifest(m: Any, mpath: str) -> tuple[dict, dict[str, dict[str, ParamEntry]]]:
+    if not isinstance(m, dict) or m.get("format") != "xser":
+        raise _bad("not an xser manifest (no \"format\": \"xser\")", mpath)
+    version = m.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _bad(f"format_version must be an int, got {version!r}", mpath)
+    if version > FORMAT_VERSION:
+        raise DataError(
+            f"format_version {version} was written by a newer xser (this is {_version.__version__}, reads <= {FORMAT_VERSION})",
+            Location(mpath),
+        )
+    subs = m.get("subcollections")
+    if not isinstance(subs, dict):
+        raise _bad("\"subcollections\" must be a mapping", mpath)
+    for key in ("training", "custom"):
+        if not isinstance(m.get(key, {}), dict):
+            raise _bad(f"{key!r} must be a mapping", mpath)
+    entries: dict[str, dict[str, ParamEntry]] = {}
+    for sub, params in subs.items():
+        _check_name(sub, mpath)
+        if "/" in sub or not isinstance(params, dict):
+            raise _bad(f"subcollection {sub!r} must map parameter names to entries", mpath)
+        entries[sub] = {}
+        for pname, e in params.items():
+            where = f"{sub}/{pname}"
+            if not isinstance(e, dict):
+                raise _bad(f"{where}: entry must be a mapping", mpath)
+            try:
+                dtype = parse_dtype(e["dtype"])
+                shape = tuple(e["shape"])
+                if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+                    raise ValueError(f"bad shape {e['shape']!r}")
+                blocks = e["blocks"]
+                if not isinstance(blocks, list) or len(blocks) != 1:
+                    raise ValueError("this xser reads exactly one block per parameter")
+                b = blocks[0]
+                if set(b) - {"file", "format", "bytes", "crc32"}:
+                    raise ValueError(f"partitioned blocks are not supported by this xser: {sorted(set(b))}")
+                if b["format"] not in FORMATS:
+                    raise ValueError(f"unknown weight format {b['format']!r} (known: {', '.join(sorted(FORMATS))})")
+                if not isinstance(b["bytes"], int) or b["bytes"] < 0:
+                    raise ValueError(f"bad byte size {b['bytes']!r}")
+                block = Block(_check_name(b["file"], mpath), b["format"], b["bytes"], int(b["crc32"], 16))
+                trainable = e.get("trainable", True)
+            except DataError:
+                raise
+            except KeyError as err:
+                raise _bad(f"{where}: missing field {err.args[0]!r}", mpath) from None
+            except (TypeError, ValueError) as err:
+                raise _bad(f"{where}: {err}", mpath) from None
+            entries[sub][pname] = ParamEntry(sub, pname, dtype, shape, bool(trainable), (block,))
+    meta = {k: v for k, v in m.items() if k != "subcollections"}
+    return meta, entries
+
+
+def describe(entry: ParamEntry) -> str:
+    return f"{shape_str(entry.shape)} {entry.dtype}"
