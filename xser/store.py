@@ -26,7 +26,7 @@ import numpy as np
 from . import _version
 from .errors import DataError, Location, shape_str
 from .formats import FORMATS
-from .formats.npy import describe_dtype, parse_dtype
+from .formats.npy import CHECKSUMS, DEFAULT_CHECKSUM, describe_dtype, parse_dtype
 
 __all__ = ["DataDir", "ParamEntry", "write_datadir", "data_dir_of"]
 
@@ -58,7 +58,7 @@ class Block:
     file: str
     format: str
     bytes: int
-    crc32: int
+    checksum: tuple[str, str]  # (algorithm, hex digest)
 
 
 @attrs.frozen
@@ -141,12 +141,12 @@ def write_datadir(
             "subcollections": {sub: {} for sub in subcols},
         }
         for sub, pname, rel, arr, trainable, fut in jobs:
-            size, crc = fut.result()
+            size, digest = fut.result()
             manifest["subcollections"][sub][pname] = {
                 "dtype": describe_dtype(arr.dtype),
                 "shape": list(arr.shape),
                 "trainable": bool(trainable),
-                "blocks": [{"file": rel, "format": "npy", "bytes": size, "crc32": f"{crc:08x}"}],
+                "blocks": [{"file": rel, "format": "npy", "bytes": size, DEFAULT_CHECKSUM: digest}],
             }
         mpath = os.path.join(tmp, MANIFEST)
         with open(mpath, "x", encoding="utf-8") as f:
@@ -199,11 +199,11 @@ def render_manifest(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_one(path: str, arr: np.ndarray, durable: bool) -> tuple[int, int]:
-    size, crc = FORMATS["npy"].write(path, arr)
+def _write_one(path: str, arr: np.ndarray, durable: bool) -> tuple[int, str]:
+    size, digest = FORMATS["npy"].write(path, arr)
     if durable:
         _fsync_file(path)
-    return size, crc
+    return size, digest
 
 
 def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
@@ -274,7 +274,7 @@ class DataDir:
         fmt = FORMATS[block.format]
         full = self._file(block.file)
         try:
-            return fmt.read(full, entry.dtype, entry.shape, block.bytes, mmap=mmap, verify=block.crc32 if verify else None)
+            return fmt.read(full, entry.dtype, entry.shape, block.bytes, mmap=mmap, verify=block.checksum if verify else None)
         except FileNotFoundError:
             raise DataError(
                 f"file of param {entry.name!r} of {entry.subcol} is missing", Location(full)
@@ -356,13 +356,17 @@ def _check_manifest(m: Any, mpath: str) -> tuple[dict, dict[str, dict[str, Param
                 if not isinstance(blocks, list) or len(blocks) != 1:
                     raise ValueError("this xser reads exactly one block per parameter")
                 b = blocks[0]
-                if set(b) - {"file", "format", "bytes", "crc32"}:
-                    raise ValueError(f"partitioned blocks are not supported by this xser: {sorted(set(b))}")
+                sums = [k for k in CHECKSUMS if k in b]
+                if set(b) - {"file", "format", "bytes"} - set(CHECKSUMS):
+                    raise ValueError(f"block fields not understood by this xser: {sorted(set(b))}")
+                if len(sums) != 1 or not isinstance(b[sums[0]], str):
+                    raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
+                int(b[sums[0]], 16)
                 if b["format"] not in FORMATS:
                     raise ValueError(f"unknown weight format {b['format']!r} (known: {', '.join(sorted(FORMATS))})")
                 if not isinstance(b["bytes"], int) or b["bytes"] < 0:
                     raise ValueError(f"bad byte size {b['bytes']!r}")
-                block = Block(_check_name(b["file"], mpath), b["format"], b["bytes"], int(b["crc32"], 16))
+                block = Block(_check_name(b["file"], mpath), b["format"], b["bytes"], (sums[0], b[sums[0]].lower()))
                 trainable = e.get("trainable", True)
             except DataError:
                 raise

@@ -13,6 +13,8 @@ import os
 import zlib
 from typing import Protocol
 
+import xxhash
+
 import numpy as np
 import numpy.lib.format as npf
 
@@ -23,15 +25,34 @@ __all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_d
 CHUNK = 8 << 20
 
 
+class _Crc32:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+#: Checksum algorithms a manifest may name, newest default first. xxh3_64 runs at
+#: about 30 GB/s here against zlib.crc32's 4 GB/s (benchmarks/RESULTS.md).
+CHECKSUMS = {"xxh3_64": xxhash.xxh3_64, "crc32": _Crc32}
+DEFAULT_CHECKSUM = "xxh3_64"
+
+
 class Format(Protocol):
     name: str
     suffix: str
 
-    def write(self, path: str, array: np.ndarray) -> tuple[int, int]:
-        """Write ``array`` to a new file ``path``; return (file size, CRC-32 of the file)."""
+    def write(self, path: str, array: np.ndarray) -> tuple[int, str]:
+        """Write ``array`` to a new file ``path``; return (file size, xxh3_64 hex digest of the file)."""
         ...
 
-    def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: int | None) -> np.ndarray:
+    def read(
+        self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
+    ) -> np.ndarray:
         """Read the array back, checking it against the manifest's dtype, shape and size."""
         ...
 
@@ -99,23 +120,26 @@ class NpyFormat:
     name = "npy"
     suffix = ".npy"
 
-    def write(self, path: str, array: np.ndarray) -> tuple[int, int]:
+    def write(self, path: str, array: np.ndarray) -> tuple[int, str]:
         if array.dtype.hasobject:
             raise DataError("object arrays cannot be saved (they need pickle)", _where(path))
         if not (array.flags.c_contiguous or array.flags.f_contiguous):
             array = np.ascontiguousarray(array)
         header = _header(array)
-        crc = zlib.crc32(header)
+        h = CHECKSUMS[DEFAULT_CHECKSUM]()
+        h.update(header)
         with open(path, "xb") as f:
             f.write(header)
             data = byte_view(array) if array.size else np.empty(0, np.uint8)
             for start in range(0, data.size, CHUNK):
                 chunk = data[start : start + CHUNK]
-                crc = zlib.crc32(chunk, crc)
+                h.update(chunk)
                 f.write(chunk)
-        return len(header) + data.size, crc
+        return len(header) + data.size, h.hexdigest()
 
-    def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: int | None) -> np.ndarray:
+    def read(
+        self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
+    ) -> np.ndarray:
         with open(path, "rb") as f:
             actual = os.fstat(f.fileno()).st_size
             if actual != size:
@@ -144,10 +168,15 @@ class NpyFormat:
                     raise DataError(f"file ended after {pos} of {nbytes} data bytes", _where(path))
                 pos += n
             if verify is not None:
+                algo, expected = verify
                 f.seek(0)
-                crc = zlib.crc32(view, zlib.crc32(f.read(offset)))
-                if crc != verify:
-                    raise DataError(f"checksum mismatch: crc32 {crc:08x} on disk, {verify:08x} in manifest", _where(path))
+                h = CHECKSUMS[algo]()
+                h.update(f.read(offset))
+                h.update(view)
+                if h.hexdigest() != expected:
+                    raise DataError(
+                        f"checksum mismatch: {algo} {h.hexdigest()} on disk, {expected} in manifest", _where(path)
+                    )
             if mmap and nbytes:
                 # verified first, then mapped: the caller still gets a lazy copy-on-write map
                 return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
