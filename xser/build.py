@@ -56,12 +56,17 @@ class Store:
         entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify))
 
-    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
-        sub = self.dir.subcollections.get(stored)
-        here = Location(os.path.join(self.dir.path, stored))
-        if sub is None:
+    def claim(self, stored: str, where: Location | None) -> None:
+        if stored not in self.dir.subcollections:
             near = did_you_mean(stored, self.dir.subcollections)
+            here = Location(os.path.join(self.dir.path, stored))
             raise DataError(f"subcollection is missing from the data directory{near}" + _at(where), here)
+        self.used.setdefault(stored, set())
+
+    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
+        self.claim(stored, where)
+        sub = self.dir.subcollections[stored]
+        here = Location(os.path.join(self.dir.path, stored))
         entry = sub.get(name)
         if entry is None:
             raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
@@ -108,12 +113,15 @@ class _Source:
         self.origin = origin
         self.where = where
 
-    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    def claim(self) -> None:
         if self.origin.stored_name is None:
             raise DataError(
                 "component registers parameters, but its saved spec has no xser_subcol_name",
                 self.where or Location(self.origin.store.dir.path),
             )
+        self.origin.store.claim(self.origin.stored_name, self.where)
+
+    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
 
 

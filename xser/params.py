@@ -32,6 +32,8 @@ SUBCOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[0-9a-f]{8}")
 
 
 class Source(Protocol):
+    def claim(self) -> None: ...
+
     def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
 
 
@@ -251,6 +253,8 @@ def params(owner: Any) -> Subcollection:
     if state is not None:
         state.names.setdefault(name, str(d.get(PRESET_WHERE) or info.tag))
     source = d.get(PRESET_SOURCE)
+    if source is not None:
+        source.claim()
     sub = Subcollection(name, owner, source, state.rng if state is not None else _DEFAULT_RNG)
     d[_PARAMS] = sub
     return sub

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -268,6 +269,20 @@ def _represent_tagged(representer: Any, data: Tagged) -> Any:
     return representer.represent_mapping(data.tag, data.args)
 
 
+#: Strings that may be written plain (ruamel still quotes the ones that would read back
+#: as another type, like 'true' or '12'). Everything else is double-quoted, because
+#: ruamel's plain and single-quoted styles mis-handle some strings in flow context
+#: ('?x', ':0' as a key) and some line-break characters ('\x85', '\u2028').
+_PLAIN_OK = re.compile(r"[^\W_][\w./+\-]*(?: [\w./+\-]+)*", re.UNICODE)
+_SAFE_CHAR = re.compile(r"[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*")
+
+
+def _represent_str(representer: Any, data: str) -> Any:
+    if data and _PLAIN_OK.fullmatch(data) and _SAFE_CHAR.fullmatch(data):
+        return representer.represent_scalar(_STD + "str", data)
+    return representer.represent_scalar(_STD + "str", data, style='"')
+
+
 def _represent_dict(representer: Any, data: dict) -> Any:
     return representer.represent_mapping(_STD + "map", data)
 
@@ -279,6 +294,7 @@ def _dumper() -> YAML:
     y.representer.sort_base_mapping_type_on_output = False
     y.representer.add_representer(Tagged, _represent_tagged)
     y.representer.add_representer(dict, _represent_dict)
+    y.representer.add_representer(str, _represent_str)
     return y
 
 

@@ -18,11 +18,16 @@ import xxhash
 import numpy as np
 import numpy.lib.format as npf
 
+# numpy's helpers that choose the header version live in a private module in numpy 2
+# (np.lib._format_impl) and in np.lib.format in numpy 1; both are optional here.
+_IMPL = getattr(np.lib, "_format_impl", npf)
+
 from ..errors import DataError, shape_str
 
 __all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
 
 CHUNK = 8 << 20
+MAX_HEADER = 1 << 20  # numpy's default is 10,000 bytes; record dtypes we wrote can be larger
 
 
 class _Crc32:
@@ -62,15 +67,25 @@ def describe_dtype(dtype: np.dtype):
     return npf.dtype_to_descr(np.dtype(dtype))
 
 
-def _tuplify(descr):
-    if isinstance(descr, list):
-        return [tuple(_tuplify(x) for x in item) if isinstance(item, list) else item for item in descr]
-    return descr
+def _from_json(descr):
+    """JSON turns the tuples of a record descr into lists; turn them back."""
+    if not isinstance(descr, list):
+        return descr
+    fields = []
+    for item in descr:
+        if not isinstance(item, (list, tuple)) or len(item) not in (2, 3):
+            raise ValueError(f"bad record field {item!r}")
+        name = tuple(item[0]) if isinstance(item[0], list) else item[0]
+        field = (name, _from_json(item[1]))
+        if len(item) == 3:
+            field += (tuple(item[2]),)
+        fields.append(field)
+    return fields
 
 
 def parse_dtype(descr) -> np.dtype:
     """Inverse of ``describe_dtype``; raises ``ValueError``/``TypeError`` on junk."""
-    dt = npf.descr_to_dtype(_tuplify(descr))
+    dt = npf.descr_to_dtype(_from_json(descr))
     if dt.hasobject:
         raise ValueError("object dtypes need pickle and are not supported")
     return dt
@@ -83,13 +98,18 @@ def byte_view(array: np.ndarray) -> np.ndarray:
 
 
 def _header(array: np.ndarray) -> bytes:
+    """numpy's own header: version 1.0, or 2.0/3.0 when a record dtype needs them."""
     d = npf.header_data_from_array_1_0(array)
     buf = io.BytesIO()
-    try:
-        npf.write_array_header_1_0(buf, d)
-    except ValueError:  # header longer than 64 KiB (huge record dtypes)
-        buf = io.BytesIO()
-        npf.write_array_header_2_0(buf, d)
+    write = getattr(_IMPL, "_write_array_header", None)  # picks 1.0, 2.0 or 3.0 (utf-8 names)
+    if write is not None:
+        write(buf, d, None)
+    else:  # pragma: no cover - a numpy without the helper: 1.0 or 2.0 only
+        try:
+            npf.write_array_header_1_0(buf, d)
+        except ValueError:
+            buf = io.BytesIO()
+            npf.write_array_header_2_0(buf, d)
     return buf.getvalue()
 
 
@@ -98,9 +118,11 @@ def read_header(f, path: str) -> tuple[tuple, bool, np.dtype, int]:
     try:
         version = npf.read_magic(f)
         if version == (1, 0):
-            shape, fortran, dtype = npf.read_array_header_1_0(f)
+            shape, fortran, dtype = npf.read_array_header_1_0(f, max_header_size=MAX_HEADER)
         elif version == (2, 0):
-            shape, fortran, dtype = npf.read_array_header_2_0(f)
+            shape, fortran, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_HEADER)
+        elif version == (3, 0) and hasattr(_IMPL, "_read_array_header"):
+            shape, fortran, dtype = _IMPL._read_array_header(f, version, max_header_size=MAX_HEADER)
         else:
             raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
     except (ValueError, SyntaxError, EOFError, OSError) as e:

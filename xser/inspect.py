@@ -1,0 +1,102 @@
+"""A view of any saved model without importing its component classes.
+
+It reads the spec text (every tag kept as written) and the data directory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import SpecError
+from .spec import Tagged, format_path, read
+from .store import DataDir, data_dir_of
+
+__all__ = ["ModelView", "open_model"]
+
+
+class ModelView:
+    def __init__(self, path: str, doc: Any, data: DataDir) -> None:
+        self.path = path
+        self.tree = doc.tree
+        self.data = data
+        self.components: list[tuple[str, Tagged]] = []
+        exp = self.tree.get("experiment") if isinstance(self.tree, dict) else None
+        self._walk(exp, ())
+
+    def _walk(self, node: Any, path: tuple) -> None:
+        if isinstance(node, Tagged):
+            self.components.append((format_path(path), node))
+            if node.tag == "!Ref":
+                return
+            items = node.args.items()
+        elif isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            return
+        for k, v in items:
+            self._walk(v, path + (k,))
+
+    @property
+    def spec_subcols(self) -> dict[str, str]:
+        return {
+            t.args["xser_subcol_name"]: p
+            for p, t in self.components
+            if t.tag != "!Ref" and isinstance(t.args.get("xser_subcol_name"), str)
+        }
+
+    def lines(self) -> list[str]:
+        meta = self.data.meta
+        name = self.tree.get("name") if isinstance(self.tree, dict) else None
+        out = [
+            f"model {self.path}",
+            f"  experiment: {name}",
+            f"  saved: {meta.get('created')} by xser {meta.get('xser_version')} (format {meta.get('format_version')})",
+        ]
+        for key in ("training", "custom"):
+            if meta.get(key):
+                out.append(f"  {key}: {meta[key]}")
+        out.append("")
+        out.append("components:")
+        for path, t in self.components:
+            depth = path.count(".") + 1 if path else 0
+            pad = "  " * (depth + 1)
+            if t.tag == "!Ref":
+                target = t.args.get("name") or t.args.get("path")
+                out.append(f"{pad}{path or '(root)'} -> {target}")
+                continue
+            extra = []
+            if "xser_subcol_name" in t.args:
+                extra.append(f"[{t.args['xser_subcol_name']}]")
+            if "xser_id" in t.args:
+                extra.append(f"(xser_id: {t.args['xser_id']})")
+            out.append(f"{pad}{path or '(root)'}: {t.tag} {' '.join(extra)}".rstrip())
+        subs = self.data.subcollections
+        n_params = sum(len(p) for p in subs.values())
+        n_bytes = sum(e.blocks[0].bytes for p in subs.values() for e in p.values())
+        out.append("")
+        out.append(f"subcollections: {len(subs)}, {n_params} params, {n_bytes:,} bytes on disk")
+        owners = self.spec_subcols
+        for sub, params in subs.items():
+            where = owners.get(sub)
+            out.append(f"  {sub}  ({'at ' + where if where else 'not used by the spec'})")
+            width = max((len(n) for n in params), default=0)
+            for pname, e in params.items():
+                shape = repr(tuple(e.shape))
+                flag = "" if e.trainable else "  (not trainable)"
+                out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {e.blocks[0].bytes:>12,} B{flag}")
+        missing = sorted(set(owners) - set(subs))
+        if missing:
+            out.append("")
+            out.append(f"warning: named in the spec but missing on disk: {', '.join(missing)}")
+        return out
+
+
+def open_model(path: str | os.PathLike) -> ModelView:
+    path = os.fspath(path)
+    doc = read(path)
+    if not (isinstance(doc.tree, dict) and "xser_format" in doc.tree):
+        raise SpecError("not a saved xser model (no xser_format key)", doc.where(doc.tree) if doc.tree is not None else None)
+    return ModelView(path, doc, DataDir.open(data_dir_of(path)))
