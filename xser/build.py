@@ -430,8 +430,9 @@ class Builder:
         for key, raw in args.items():
             value = self.build_node(raw, path + (key,), self.doc.where(node, key))
             f = fields[key]
-            if f.type is not None and not (value is None and f.default is None):
-                value, expected = typecheck.check(value, f.type)
+            tp = info.field_type(f)
+            if tp is not None and not (value is None and f.default is None):
+                value, expected = typecheck.check(value, tp)
                 if expected is not None:
                     raise SpecError(f"expected {expected}, got {_describe(value)}", self._arg_loc(node, key, path))
             kwargs[key] = value

@@ -136,7 +136,7 @@ def _step(node: Any, seg: Any, canon: tuple) -> tuple[Any, Any]:
         if not 0 <= i < len(node):
             raise NotFound(f"{here} has {len(node)} items; no index {i}")
         return node[i], i
-    raise NotFound(f"{here} is a {type(node).__name__}, not a mapping or list")
+    raise NotFound(f"{here} is {type(node).__name__} {node!r}, not a mapping or list")
 
 
 def _field_default(node: Tagged, seg: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,6 +35,21 @@ class ComponentInfo:
     def fields(self) -> tuple[attrs.Attribute, ...]:
         """The constructor arguments, in declaration order."""
         return tuple(f for f in attrs.fields(self.cls) if f.init)
+
+    def field_type(self, field: attrs.Attribute) -> Any:
+        """A field's annotation, resolved if it was written as a string (``None`` if unresolvable)."""
+        hints = _HINTS.get(self.cls)
+        if hints is None:
+            try:
+                hints = typing.get_type_hints(self.cls)
+            except Exception:  # forward references that do not resolve: check nothing
+                hints = {}
+            _HINTS[self.cls] = hints
+        tp = hints.get(field.name, field.type)
+        return None if isinstance(tp, str) else tp
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
 
 
 _BY_TAG: dict[str, ComponentInfo] = {}
@@ -82,6 +98,7 @@ def serializable(
             raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and {_qualname(old.cls)}")
         if old is not None:
             _BY_CLASS.pop(old.cls, None)
+            _HINTS.pop(old.cls, None)
         info = ComponentInfo(cls, name, version, migrate)
         _BY_TAG[name] = info
         _BY_CLASS[cls] = info

@@ -1,0 +1,370 @@
+"""Building experiments: references, placeholders, !LoadSerialized, arguments, errors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import xser
+from components import Counter, Linear, Model, Node, Vocab
+from xser.serialize import to_tree
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def build_text(tmp_path, text, exp="e", **kw):
+    return xser.build(xser.load_config(write(tmp_path, text))[exp], **kw)
+
+
+# (config text, exception class, exact message with {f} for the file)
+ERRORS = [
+    ("e:\n  model: !TLinearr {in_dim: 2, out_dim: 3}\n", xser.SpecError,
+     "{f}:2:10: unknown component '!TLinearr'; did you mean '!TLinear'?"),
+    ("e:\n  model: !TLinear {in_dim: 2, out_dimm: 3}\n", xser.SpecError,
+     "{f}:2:31: model.out_dimm: unknown argument 'out_dimm' of !TLinear; did you mean 'out_dim'?"),
+    ("e:\n  model: !TLinear {in_dim: 2}\n", xser.SpecError,
+     "{f}:2:10: model: !TLinear is missing required argument 'out_dim'"),
+    ("e:\n  model: !TLinear {}\n", xser.SpecError,
+     "{f}:2:10: model: !TLinear is missing required arguments 'in_dim', 'out_dim'"),
+    ("e:\n  model: !TLinear {in_dim: '256x', out_dim: 3}\n", xser.SpecError,
+     "{f}:2:28: model.in_dim: expected int, got str '256x'"),
+    ("e:\n  model: !TLinear {in_dim: true, out_dim: 3}\n", xser.SpecError,
+     "{f}:2:28: model.in_dim: expected int, got bool True"),
+    ("e:\n  model: !TModel {encoder: 1, activation: gelu}\n", xser.SpecError,
+     "{f}:2:43: model.activation: expected one of 'relu', 'tanh', got str 'gelu'"),
+    ("e:\n  model: !TModel {encoder: 1, sizes: [1, x]}\n", xser.SpecError,
+     "{f}:2:38: model.sizes: expected list[int], got list"),
+    ("e:\n  model: !TModel {encoder: 1, name: 3}\n", xser.SpecError,
+     "{f}:2:37: model.name: expected str | None, got int 3"),
+    ("e:\n  a: 1\n  b: !Ref {path: a.c}\n", xser.SpecError,
+     "{f}:3:6: b: !Ref path 'a.c' not found: a is int 1, not a mapping or list"),
+    ("e:\n  a: {x: 1}\n  b: !Ref {path: a.y}\n", xser.SpecError,
+     "{f}:3:6: b: !Ref path 'a.y' not found: a has no key 'y'"),
+    ("e:\n  a: {xx: 1}\n  b: !Ref {path: a.x}\n", xser.SpecError,
+     "{f}:3:6: b: !Ref path 'a.x' not found: a has no key 'x'; did you mean 'xx'?"),
+    ("e:\n  a: [1, 2]\n  b: !Ref {path: a.2}\n", xser.SpecError,
+     "{f}:3:6: b: !Ref path 'a.2' not found: a has 2 items; no index 2"),
+    ("e:\n  a: !TNode {xser_id: foo}\n  b: !Ref {name: fo}\n", xser.SpecError,
+     "{f}:3:6: b: !Ref to unknown name 'fo': no component has this xser_id; did you mean 'foo'?"),
+    ("e:\n  a: !Ref {path: b}\n  b: !Ref {path: a}\n", xser.SpecError,
+     "{f}:2:6: a: reference cycle: a chain of !Ref never reaches a value"),
+    ("e:\n  a: !TNode {value: !Ref {path: a}}\n", xser.SpecError,
+     "{f}:2:21: a.value: reference cycle: a contains a !Ref to itself"),
+    ("e:\n  a: !TNode {children: [!TNode {value: !Ref {path: a}}]}\n", xser.SpecError,
+     "{f}:2:40: a.children.0.value: reference cycle: a contains a !Ref to itself"),
+    ("e:\n  a: !Ref {path: b, name: c}\n", xser.SpecError,
+     "{f}:2:6: a: !Ref needs exactly one of 'path' and 'name'"),
+    ("e:\n  a: !Ref {pth: b}\n", xser.SpecError,
+     "{f}:2:6: a: !Ref takes path or name, and default; unknown key 'pth'"),
+    ("e:\n  a: !TNode {xser_id: x}\n  b: !TNode {xser_id: x}\n", xser.SpecError,
+     "{f}:3:23: xser_id 'x' is used twice (also at a)"),
+    ("e:\n  a: '{EXPDIR}/x'\n", xser.SpecError,
+     "{f}:2:6: unknown placeholder {{EXPDIR}} (known: EXP, EXP_DIR, PID); did you mean 'EXP_DIR'?"),
+    ("e:\n  a: !TLinear {in_dim: 1, out_dim: 1, xser_subcol_name: foo}\n", xser.SpecError,
+     "{f}:2:57: a.xser_subcol_name: xser_subcol_name must be 'ClassName.<8 lowercase hex>', got 'foo'"),
+    ("e:\n  a: !TLinear {in_dim: 1, out_dim: 1, xser_subcol_name: TLinear.0000000a}\n"
+     "  b: !TLinear {in_dim: 1, out_dim: 1, xser_subcol_name: TLinear.0000000a}\n", xser.SpecError,
+     "{f}:3:57: b.xser_subcol_name: subcollection name TLinear.0000000a is used twice: here and at {f}:2:6: a"),
+    ("e:\n  a: !TVocab {vocab_file: /nonexistent/v.txt}\n", xser.SpecError,
+     "{f}:2:6: a: !TVocab could not be built: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/v.txt'"),
+    ("e:\n  a: !LoadSerialized {filename: nope.yaml}\n", xser.SpecError,
+     "{d}/nope.yaml: file not found"),
+    ("e:\n  a: !LoadSerialized {filename: nope.yaml, pat: x}\n", xser.SpecError,
+     "{f}:2:44: !LoadSerialized: unknown argument 'pat'; did you mean 'path'?"),
+    ("e:\n  a: !LoadSerialized {path: x}\n", xser.SpecError,
+     "{f}:2:6: !LoadSerialized needs filename: the saved model's .yaml file"),
+    ("e:\n  a: !TNode {xser_version: 3}\n", xser.SpecError,
+     "{f}:2:6: a: !TNode was saved by version 3 of its class; this code has version 1"),
+    ("e:\n  a: !Ref\n", xser.SpecError,
+     "{f}:2:6: a: !Ref needs exactly one of 'path' and 'name'"),
+]
+
+
+class TestErrors:
+    @pytest.mark.parametrize("text, exc, message", ERRORS, ids=[m for _, _, m in ERRORS])
+    def test_error_table(self, tmp_path, text, exc, message):
+        """Each bad config raises exactly this error class and message, with file:line:col."""
+        f = write(tmp_path, text)
+        with pytest.raises(exc) as info:
+            build_text(tmp_path, text)
+        assert str(info.value) == message.format(f=f, d=str(tmp_path))
+
+    def test_errors_are_value_errors(self, tmp_path):
+        """SpecError is also a ValueError, so generic handlers catch it."""
+        with pytest.raises(ValueError):
+            build_text(tmp_path, "e:\n  a: !Nope {}\n")
+
+    def test_constructor_exception_is_chained(self, tmp_path):
+        """The original exception from a constructor is kept as __cause__."""
+        with pytest.raises(xser.SpecError) as info:
+            build_text(tmp_path, "e:\n  a: !TVocab {vocab_file: /nonexistent/v.txt}\n")
+        assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+class TestReferences:
+    def test_path_ref_takes_value(self, tmp_path):
+        """!Ref {path} takes a value from elsewhere in the same experiment."""
+        exp = build_text(tmp_path, "e:\n  dim: 5\n  l: !TLinear {in_dim: !Ref {path: dim}, out_dim: 2}\n")
+        assert exp["l"].in_dim == 5
+
+    def test_ref_to_component_shares_identity(self, tmp_path):
+        """The same component reached twice is built once."""
+        exp = build_text(
+            tmp_path,
+            "e:\n  a: !TLinear {in_dim: 2, out_dim: 3}\n  b: !Ref {path: a}\n  c: [!Ref {path: a}]\n",
+        )
+        assert exp["a"] is exp["b"] is exp["c"][0]
+
+    def test_named_ref(self, tmp_path):
+        """!Ref {name} refers to the component marked with xser_id."""
+        exp = build_text(
+            tmp_path,
+            "e:\n  m: !TModel\n    encoder: !TLinear {in_dim: 2, out_dim: 3, xser_id: emb}\n"
+            "    decoder: !Ref {name: emb}\n",
+        )
+        assert exp["m"].encoder is exp["m"].decoder
+
+    def test_ref_through_ref(self, tmp_path):
+        """A path may pass through another reference."""
+        exp = build_text(
+            tmp_path,
+            "e:\n  a: !TLinear {in_dim: 2, out_dim: 3}\n  b: !Ref {path: a}\n  c: !Ref {path: b.out_dim}\n",
+        )
+        assert exp["c"] == 3
+
+    def test_ref_to_class_default(self, tmp_path):
+        """A path to an argument left at its class default gives the default."""
+        exp = build_text(tmp_path, "e:\n  m: !TModel {encoder: 1}\n  d: !Ref {path: m.dropout}\n")
+        assert exp["d"] == 0.1
+
+    def test_ref_default(self, tmp_path):
+        """A missing path or name falls back to default when one is given."""
+        exp = build_text(
+            tmp_path, "e:\n  a: !Ref {path: nope.x, default: 4}\n  b: !Ref {name: nope, default: null}\n"
+        )
+        assert exp["a"] == 4 and exp["b"] is None
+
+    def test_ref_to_list_item(self, tmp_path):
+        """Paths index lists with integers."""
+        exp = build_text(tmp_path, "e:\n  xs: [!TNode {value: 1}, !TNode {value: 2}]\n  y: !Ref {path: xs.1}\n")
+        assert exp["y"] is exp["xs"][1]
+
+    def test_ref_later_in_file(self, tmp_path):
+        """References may point forward."""
+        exp = build_text(tmp_path, "e:\n  a: !Ref {path: b}\n  b: !TNode {value: 1}\n")
+        assert exp["a"] is exp["b"]
+
+
+class TestPlaceholders:
+    def test_builtin_placeholders(self, tmp_path):
+        """{EXP}, {EXP_DIR} and {PID} are filled."""
+        exp = build_text(tmp_path, "run1:\n  a: '{EXP_DIR}/{EXP}.{PID}'\n", exp="run1")
+        assert exp["a"] == f"{tmp_path}/run1.{os.getpid()}"
+
+    def test_user_placeholders_and_escape(self, tmp_path):
+        """Extra values come from build(placeholders=...); {{X}} is a literal {X}."""
+        exp = build_text(
+            tmp_path, "e:\n  a: '{DATA}/x'\n  b: '{{DATA}}'\n  n: '{DIM}'\n  c: '{lower} {x'\n",
+            placeholders={"DATA": "/d", "DIM": 7},
+        )
+        assert exp["a"] == "/d/x" and exp["b"] == "{DATA}" and exp["n"] == 7 and exp["c"] == "{lower} {x"
+
+    def test_saved_model_is_not_substituted(self, tmp_path):
+        """A saved spec is fully resolved: loading it never fills placeholders again."""
+        exp = build_text(tmp_path, "e:\n  a: !TNode {value: '{{EXP}}'}\n")
+        path = str(tmp_path / "m.yaml")
+        xser.save(exp, path)
+        assert xser.load(path)["a"].value == "{EXP}"
+
+
+class TestArguments:
+    def test_none_accepted_when_default_none(self, tmp_path):
+        """A field whose default is None accepts None whatever its annotation."""
+        exp = build_text(tmp_path, "e:\n  m: !TModel {encoder: 1, decoder: null, name: null}\n")
+        assert exp["m"].decoder is None and exp["m"].name is None
+
+    def test_int_accepted_for_float(self, tmp_path):
+        """An int given for a float field becomes a float."""
+        exp = build_text(tmp_path, "e:\n  m: !TModel {encoder: 1, dropout: 1}\n")
+        assert exp["m"].dropout == 1.0 and isinstance(exp["m"].dropout, float)
+
+    def test_no_params_no_subcol(self, tmp_path):
+        """A component that never calls xser.params has no subcollection name when saved."""
+        exp = build_text(tmp_path, "e:\n  n: !TNode {value: 1}\n")
+        tree, subcols = to_tree(exp)
+        assert "xser_subcol_name" not in tree["n"].args and subcols == {}
+
+    def test_subcol_name_kept(self, tmp_path):
+        """A component built from YAML that carries xser_subcol_name keeps it."""
+        exp = build_text(tmp_path, "e:\n  l: !TLinear {in_dim: 1, out_dim: 2, xser_subcol_name: TLinear.0123abcd}\n")
+        assert xser.params(exp["l"]).name == "TLinear.0123abcd"
+
+    def test_fresh_names_are_unique_and_well_formed(self, tmp_path):
+        """Fresh names are the class name, a dot and 8 lowercase hex digits."""
+        exp = build_text(tmp_path, "e:\n  ls: [" + ", ".join(["!TLinear {in_dim: 1, out_dim: 1}"] * 50) + "]\n")
+        names = [xser.params(x).name for x in exp["ls"]]
+        assert len(set(names)) == 50
+        assert all(n.startswith("Linear.") and len(n) == 15 and int(n[7:], 16) >= 0 and n[7:] == n[7:].lower() for n in names)
+
+    def test_seed_makes_init_repeatable(self, tmp_path):
+        """build(seed=...) draws the same initial values every time."""
+        text = "e:\n  l: !TLinear {in_dim: 3, out_dim: 4}\n"
+        a = build_text(tmp_path, text, seed=5)["l"].W
+        b = build_text(tmp_path, text, seed=5)["l"].W
+        assert np.array_equal(a, b)
+
+    def test_build_plain_tree(self):
+        """build() also takes a plain tree made in Python."""
+        from xser.spec import Tagged
+
+        obj = xser.build({"n": Tagged("!TNode", {"value": 3})})
+        assert isinstance(obj["n"], Node) and obj["n"].value == 3
+
+
+@xser.serializable(tag="!TVersioned", version=2, migrate=lambda args, v: {"size": args.pop("dim"), **args})
+class Versioned:
+    size: int
+    extra: int = 0
+
+
+class TestVersions:
+    def test_old_arguments_are_migrated(self, tmp_path):
+        """A spec written by version 1 is passed through migrate()."""
+        exp = build_text(tmp_path, "e:\n  v: !TVersioned {dim: 4, extra: 1}\n")
+        assert exp["v"].size == 4 and exp["v"].extra == 1
+
+    def test_current_version_is_written(self, tmp_path):
+        """Saved specs record the class version."""
+        exp = build_text(tmp_path, "e:\n  v: !TVersioned {size: 4, xser_version: 2}\n")
+        tree, _ = to_tree(exp)
+        assert tree["v"].args == {"size": 4, "extra": 0, "xser_version": 2}
+
+
+class TestSaveHook:
+    def test_vocab_file_saved_as_list(self, tmp_path):
+        """xser_saved_args replaces what is saved: a vocabulary file becomes an explicit list."""
+        vocab = tmp_path / "v.txt"
+        vocab.write_text("a\nb\nc\n")
+        exp = build_text(tmp_path, f"e:\n  v: !TVocab {{vocab_file: {vocab}}}\n")
+        path = str(tmp_path / "m.yaml")
+        xser.save(exp, path)
+        vocab.unlink()
+        again = xser.load(path)
+        assert again["v"].words == ["a", "b", "c"] and again["v"].vocab_file is None
+
+
+class TestLoadSerialized:
+    def saved(self, tmp_path, name="old"):
+        exp = build_text(
+            tmp_path,
+            "e:\n  model: !TModel\n    encoder: !TLinear {in_dim: 2, out_dim: 3, xser_id: enc}\n"
+            "    decoder: !Ref {name: enc}\n    dropout: 0.3\n  other: !TLinear {in_dim: 5, out_dim: 5}\n",
+        )
+        path = str(tmp_path / name / "model.yaml")
+        xser.save(exp, path)
+        return exp, path
+
+    def test_component_with_parameters(self, tmp_path):
+        """!LoadSerialized takes a component and its parameters out of a saved model."""
+        old, path = self.saved(tmp_path)
+        exp = build_text(tmp_path, f"e:\n  enc: !LoadSerialized {{filename: {path}, path: model.encoder}}\n")
+        assert np.array_equal(exp["enc"].W, old["model"].encoder.W)
+        assert xser.params(exp["enc"]).name == xser.params(old["model"].encoder).name
+
+    def test_relative_filename_is_relative_to_config(self, tmp_path):
+        """A relative filename is resolved against the config file's directory."""
+        old, _ = self.saved(tmp_path)
+        exp = build_text(tmp_path, "e:\n  enc: !LoadSerialized {filename: old/model.yaml, path: model.encoder}\n")
+        assert np.array_equal(exp["enc"].W, old["model"].encoder.W)
+
+    def test_whole_experiment_with_overwrite(self, tmp_path):
+        """An empty path takes the whole experiment; overwrite changes values inside it."""
+        old, path = self.saved(tmp_path)
+        exp = build_text(
+            tmp_path,
+            f"e: !LoadSerialized\n  filename: {path}\n  overwrite:\n  - {{path: model.dropout, val: 0.5}}\n"
+            "  - {path: extra, val: 1}\n",
+        )
+        assert exp["model"].dropout == 0.5 and exp["extra"] == 1
+        assert exp["model"].decoder is exp["model"].encoder
+        assert np.array_equal(exp["other"].W, old["other"].W)
+
+    def test_refs_inside_are_rerooted(self, tmp_path):
+        """Refs inside the loaded subtree point to the new place; sharing is preserved."""
+        _, path = self.saved(tmp_path)
+        exp = build_text(tmp_path, f"e:\n  wrap:\n    m: !LoadSerialized {{filename: {path}, path: model}}\n")
+        assert exp["wrap"]["m"].decoder is exp["wrap"]["m"].encoder
+
+    def test_same_model_twice_gets_fresh_names(self, tmp_path):
+        """Loading one saved model twice works: the second copy gets fresh subcollection names."""
+        old, path = self.saved(tmp_path)
+        exp = build_text(
+            tmp_path,
+            f"e:\n  a: !LoadSerialized {{filename: {path}, path: model}}\n"
+            f"  b: !LoadSerialized {{filename: {path}, path: model}}\n",
+        )
+        na, nb = xser.params(exp["a"].encoder).name, xser.params(exp["b"].encoder).name
+        assert na != nb
+        assert np.array_equal(exp["a"].encoder.W, exp["b"].encoder.W)
+        assert exp["a"].encoder is not exp["b"].encoder
+        out = str(tmp_path / "both.yaml")
+        xser.save(exp, out)
+        again = xser.load(out)
+        assert np.array_equal(again["b"].encoder.W, old["model"].encoder.W)
+
+    def test_each_load_reads_its_own_file(self, tmp_path):
+        """Two saved models with the same subcollection names: each component reads its own file."""
+        old, path = self.saved(tmp_path, "one")
+        xser.params(old["model"].encoder)["W"][...] = 42.0
+        path2 = str(tmp_path / "two" / "model.yaml")
+        xser.save(old, path2)
+        exp = build_text(
+            tmp_path,
+            f"e:\n  a: !LoadSerialized {{filename: {path}, path: model.encoder}}\n"
+            f"  b: !LoadSerialized {{filename: {path2}, path: model.encoder}}\n",
+        )
+        assert not np.all(exp["a"].W == 42.0) and np.all(exp["b"].W == 42.0)
+
+    def test_missing_data_is_an_error(self, tmp_path):
+        """A saved model whose data directory is gone is an error, never a random init."""
+        _, path = self.saved(tmp_path)
+        os.rename(path + ".data", path + ".moved")
+        with pytest.raises(xser.DataError, match="data directory not found"):
+            build_text(tmp_path, f"e:\n  a: !LoadSerialized {{filename: {path}, path: model.encoder}}\n")
+
+    def test_bad_path(self, tmp_path):
+        """A path that is not in the saved model names the file and the missing key."""
+        _, path = self.saved(tmp_path)
+        with pytest.raises(xser.SpecError, match="path 'model.encodr' not found in .*model.yaml: model .* has no argument 'encodr'"):
+            build_text(tmp_path, f"e:\n  a: !LoadSerialized {{filename: {path}, path: model.encodr}}\n")
+
+    def test_config_is_not_a_saved_model(self, tmp_path):
+        """Pointing !LoadSerialized at a config file is an error that says so."""
+        cfg = write(tmp_path, "e:\n  a: 1\n", "cfg.yaml")
+        with pytest.raises(xser.SpecError, match="not a saved xser model"):
+            build_text(tmp_path, f"e:\n  a: !LoadSerialized {{filename: {cfg}}}\n")
+
+    def test_overwrite_shape_change_is_caught(self, tmp_path):
+        """An overwrite that changes a parameter shape fails with both shapes named."""
+        _, path = self.saved(tmp_path)
+        with pytest.raises(xser.DataError, match=r"param 'W': shape \(4, 2\) in spec, \(3, 2\) on disk"):
+            build_text(
+                tmp_path,
+                f"e:\n  a: !LoadSerialized {{filename: {path}, path: model.encoder, overwrite: [{{path: out_dim, val: 4}}]}}\n",
+            )
+
+    def test_loads_never_initialise(self, tmp_path):
+        """Parameters of a loaded component come from disk; the initialiser is never called."""
+        exp = build_text(tmp_path, "e:\n  c: !TCounter {}\n")
+        path = str(tmp_path / "m.yaml")
+        xser.save(exp, path)
+        before = Counter.calls
+        xser.load(path)
+        build_text(tmp_path, f"e:\n  c: !LoadSerialized {{filename: {path}, path: c}}\n")
+        assert Counter.calls == before
