@@ -265,8 +265,23 @@ def read(path: str | os.PathLike) -> Doc:
 # ---------------------------------------------------------------- dumping
 
 
+_FLOW_WIDTH = 88
+
+
+def _short(items: Any) -> bool:
+    """Flow style (``{a: 1, b: 2}``) only for short collections of scalars."""
+    total = 0
+    for k, v in items:
+        if isinstance(v, (dict, list, tuple, Tagged)):
+            return False
+        total += len(str(k)) + len(str(v)) + 4
+        if total > _FLOW_WIDTH:
+            return False
+    return True
+
+
 def _represent_tagged(representer: Any, data: Tagged) -> Any:
-    return representer.represent_mapping(data.tag, data.args)
+    return representer.represent_mapping(data.tag, data.args, flow_style=_short(data.args.items()))
 
 
 #: Strings that may be written plain (ruamel still quotes the ones that would read back
@@ -284,17 +299,22 @@ def _represent_str(representer: Any, data: str) -> Any:
 
 
 def _represent_dict(representer: Any, data: dict) -> Any:
-    return representer.represent_mapping(_STD + "map", data)
+    return representer.represent_mapping(_STD + "map", data, flow_style=bool(data) and _short(data.items()))
+
+
+def _represent_list(representer: Any, data: list) -> Any:
+    return representer.represent_sequence(_STD + "seq", data, flow_style=_short(enumerate(data)))
 
 
 def _dumper() -> YAML:
     y = YAML(typ="safe", pure=True)
-    y.default_flow_style = None  # collections of scalars in flow style, the rest in block style
-    y.width = 100
+    y.width = 1 << 16  # never fold long lines
+
     y.representer.sort_base_mapping_type_on_output = False
     y.representer.add_representer(Tagged, _represent_tagged)
     y.representer.add_representer(dict, _represent_dict)
     y.representer.add_representer(str, _represent_str)
+    y.representer.add_representer(list, _represent_list)
     return y
 
 

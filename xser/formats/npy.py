@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 import zlib
 from typing import Protocol
 
@@ -21,6 +22,9 @@ import numpy.lib.format as npf
 # numpy's helpers that choose the header version live in a private module in numpy 2
 # (np.lib._format_impl) and in np.lib.format in numpy 1; both are optional here.
 _IMPL = getattr(np.lib, "_format_impl", npf)
+# numpy warns each time it must write a 3.0 header (utf-8 record field names); xser
+# reads them and records the version in the file itself, so the warning is noise.
+warnings.filterwarnings("ignore", message="Stored array in format 3.0", category=UserWarning)
 
 from ..errors import DataError, shape_str
 

@@ -1,0 +1,343 @@
+"""save / load / read_params / load_config: round trips, rules, and the pinned format."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xser
+from components import Linear, Model, Node, Norm
+from strategies import bit_equal, component_trees, leaf_of, param_sets
+from xser.serialize import to_tree
+
+HERE = os.path.dirname(__file__)
+GOLDEN = os.path.join(HERE, "data", "golden")
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def arrays_of(obj):
+    _, subcols = to_tree(obj)
+    return {name: dict(sub.items()) for name, (sub, _) in subcols.items()}
+
+
+class TestRoundTrip:
+    @FAST
+    @given(tree=component_trees())
+    def test_component_trees(self, tmp_path_factory, tree):
+        """save then load gives an equal spec (names, refs, sharing) and bit-equal arrays."""
+        path = str(tmp_path_factory.mktemp("rt") / "m.yaml")
+        xser.save(tree, path, durable=False)
+        again = xser.load(path)
+        assert to_tree(again)[0] == to_tree(tree)[0]
+        before, after = arrays_of(tree), arrays_of(again)
+        assert before.keys() == after.keys()
+        for sub in before:
+            assert before[sub].keys() == after[sub].keys()
+            for k in before[sub]:
+                assert bit_equal(before[sub][k], after[sub][k])
+
+    @FAST
+    @given(params=param_sets(), mmap=st.booleans())
+    def test_param_collections(self, tmp_path_factory, params, mmap):
+        """Every dtype numpy stores without pickle round-trips bit-exactly, eagerly and mapped."""
+        path = str(tmp_path_factory.mktemp("pc") / "m.yaml")
+        leaf = leaf_of(params)
+        xser.save(leaf, path, durable=False)
+        (sub,) = xser.read_params(path, mmap=mmap).values()
+        assert sub.keys() == params.keys()
+        for k, a in params.items():
+            assert bit_equal(sub[k], a)
+        loaded = xser.load(path, mmap=mmap, verify=not mmap)
+        for k, a in params.items():
+            assert bit_equal(xser.params(loaded)[k], a)
+
+    @FAST
+    @given(params=param_sets())
+    def test_files_are_plain_npy(self, tmp_path_factory, params):
+        """Each array file is readable by numpy.load(allow_pickle=False) alone."""
+        path = str(tmp_path_factory.mktemp("np") / "m.yaml")
+        leaf = leaf_of(params)
+        xser.save(leaf, path, durable=False)
+        name = xser.params(leaf).name
+        for k, a in params.items():
+            assert bit_equal(np.load(os.path.join(path + ".data", name, k + ".npy"), allow_pickle=False), a)
+
+    def test_shared_object_saved_once(self, tmp_path):
+        """An object reached twice is saved once; the second place is a !Ref; identity survives."""
+        enc = Linear(2, 3)
+        m = Model(encoder=enc, decoder=enc)
+        path = str(tmp_path / "m.yaml")
+        xser.save(m, path)
+        text = open(path).read()
+        assert "decoder: !Ref {path: encoder}" in text
+        assert len(os.listdir(path + ".data")) == 2  # one subcollection + manifest
+        again = xser.load(path)
+        assert again.encoder is again.decoder
+
+    def test_loaded_model_keeps_subcol_names(self, tmp_path):
+        """load gives the same classes, the same arrays and the same subcollection names."""
+        m = Model(encoder=Linear(2, 3), decoder=Norm(3))
+        path = str(tmp_path / "m.yaml")
+        xser.save(m, path)
+        again = xser.load(path)
+        assert type(again.encoder) is Linear and type(again.decoder) is Norm
+        assert xser.params(again.encoder).name == xser.params(m.encoder).name
+        assert np.array_equal(again.encoder.W, m.encoder.W)
+
+    def test_experiment_name_is_saved(self, tmp_path):
+        """A built experiment remembers its name; the saved file holds exactly one experiment."""
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("first:\n  a: 1\nsecond:\n  a: !TNode {value: 2}\n")
+        exps = xser.load_config(cfg)
+        assert list(exps) == ["first", "second"]
+        exp = xser.build(exps["second"])
+        path = str(tmp_path / "m.yaml")
+        xser.save(exp, path)
+        assert list(xser.load_config(path)) == ["second"]
+        assert xser.load(path).name == "second"
+
+    def test_rebound_parameter_is_saved(self, tmp_path):
+        """A parameter attribute rebound to a new array of the same shape is what gets saved."""
+        lin = Linear(2, 3)
+        lin.W = lin.W + 1.0
+        path = str(tmp_path / "m.yaml")
+        xser.save(lin, path)
+        assert np.array_equal(xser.load(path).W, lin.W)
+
+    def test_rebound_to_other_shape_is_an_error(self, tmp_path):
+        """Rebinding a parameter attribute to another shape fails instead of saving stale data."""
+        lin = Linear(2, 3)
+        lin.W = np.zeros((5, 5), np.float32)
+        with pytest.raises(xser.DataError, match=r"attribute \.W was rebound to \(5, 5\) float32, declared \(3, 2\) float32"):
+            xser.save(lin, str(tmp_path / "m.yaml"))
+        assert not os.path.exists(tmp_path / "m.yaml")
+
+    def test_undeclared_arrays_are_not_saved(self, tmp_path):
+        """Caches and gradients on the object are never written (thin saves)."""
+        lin = Linear(2, 3)
+        lin.grad = np.ones((1000, 1000))
+        lin.cache = np.ones(10)
+        path = str(tmp_path / "m.yaml")
+        xser.save(lin, path)
+        sub = xser.read_params(path)[xser.params(lin).name]
+        assert set(sub) == {"W", "b"}
+
+    def test_save_creates_parents(self, tmp_path):
+        """save creates missing parent directories."""
+        path = tmp_path / "a" / "b" / "m.yaml"
+        xser.save(Node(1), path)
+        assert path.exists() and (tmp_path / "a" / "b" / "m.yaml.data" / "manifest.json").exists()
+
+    def test_resave_replaces(self, tmp_path):
+        """Saving again over a model replaces it; no temporary directories are left."""
+        path = str(tmp_path / "m.yaml")
+        lin = Linear(2, 3)
+        xser.save(lin, path)
+        lin.W[...] = 5.0
+        xser.save(lin, path)
+        assert np.all(xser.load(path).W == 5.0)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data"]
+
+    def test_durable_fsyncs(self, tmp_path, monkeypatch):
+        """durable=True fsyncs; durable=False does not."""
+        calls = []
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
+        xser.save(Linear(2, 3), str(tmp_path / "a.yaml"), durable=False)
+        assert calls == []
+        xser.save(Linear(2, 3), str(tmp_path / "b.yaml"))
+        assert len(calls) >= 6  # 2 files, manifest, 2 directories, parent, spec file
+
+    def test_training_and_custom_metadata(self, tmp_path):
+        """training and custom mappings are stored in the manifest as given."""
+        path = str(tmp_path / "m.yaml")
+        xser.save(Node(1), path, training={"epoch": 3}, custom={"who": ["me"]})
+        m = json.load(open(path + ".data/manifest.json"))
+        assert m["training"] == {"epoch": 3} and m["custom"] == {"who": ["me"]}
+
+    def test_metadata_must_be_json(self, tmp_path):
+        """Non-JSON metadata is refused before anything is written."""
+        with pytest.raises(xser.DataError, match="custom must be JSON data"):
+            xser.save(Node(1), str(tmp_path / "m.yaml"), custom={"x": object()})
+        assert os.listdir(tmp_path) == []
+
+    def test_subcol_clash_names_both(self, tmp_path):
+        """Two components with one subcollection name: an error naming both places."""
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("e:\n  a: !TLinear {in_dim: 1, out_dim: 1}\n")
+        a = xser.build(xser.load_config(cfg)["e"])["a"]
+        b = xser.build(xser.load_config(cfg)["e"])["a"]
+        xser.params(b).name = xser.params(a).name
+        with pytest.raises(xser.DataError, match=r"used by two components: at encoder and at decoder"):
+            xser.save(Model(encoder=a, decoder=b), str(tmp_path / "m.yaml"))
+
+    def test_cycle_in_objects(self, tmp_path):
+        """An object graph with a cycle is reported, not followed forever."""
+        n = Node(1)
+        n.children = [n]
+        with pytest.raises(xser.SpecError, match="cycle"):
+            xser.save(n, str(tmp_path / "m.yaml"))
+
+    def test_array_argument_refused(self, tmp_path):
+        """A numpy array passed as a constructor argument is not silently pickled."""
+        with pytest.raises(xser.SpecError, match="value: a numpy array in a constructor argument is not saved"):
+            xser.save(Node(np.zeros(3)), str(tmp_path / "m.yaml"))
+
+
+class TestLoadRules:
+    def saved(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        m = Model(encoder=Linear(2, 3), decoder=Linear(3, 2))
+        xser.save(m, path)
+        return m, path
+
+    def test_mmap_is_copy_on_write(self, tmp_path):
+        """mmap=True gives copy-on-write maps: writes change memory, not the file."""
+        m, path = self.saved(tmp_path)
+        again = xser.load(path, mmap=True)
+        assert isinstance(again.encoder.W, np.memmap)
+        again.encoder.W[...] = 9.0
+        assert np.array_equal(xser.load(path).encoder.W, m.encoder.W)
+
+    def test_missing_subcollection_always_fails(self, tmp_path):
+        """A subcollection the spec needs but the data lacks is an error, strict or not."""
+        m, path = self.saved(tmp_path)
+        name = xser.params(m.decoder).name
+        mpath = path + ".data/manifest.json"
+        manifest = json.load(open(mpath))
+        del manifest["subcollections"][name]
+        json.dump(manifest, open(mpath, "w"))
+        for strict in (True, False):
+            with pytest.raises(xser.DataError, match=f"m.yaml.data/{name}: subcollection is missing from the data directory"):
+                xser.load(path, strict=strict)
+
+    def test_unused_subcollection_strictness(self, tmp_path):
+        """Subcollections on disk that the spec does not use: an error unless strict=False."""
+        m, path = self.saved(tmp_path)
+        lines = open(path).read().splitlines()
+        lines = [("  decoder: null" if line.startswith("  decoder:") else line) for line in lines]
+        open(path, "w").write("\n".join(lines) + "\n")
+        name = xser.params(m.decoder).name
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == (
+            f"{path}.data: subcollections on disk are not used by the spec: {name} (load with strict=False to ignore)"
+        )
+        again = xser.load(path, strict=False)
+        assert again.decoder is None and np.array_equal(again.encoder.W, m.encoder.W)
+
+    def test_missing_param_on_disk(self, tmp_path):
+        """A declared parameter missing from its subcollection names what is on disk."""
+        m, path = self.saved(tmp_path)
+        name = xser.params(m.encoder).name
+        mpath = path + ".data/manifest.json"
+        manifest = json.load(open(mpath))
+        del manifest["subcollections"][name]["b"]
+        json.dump(manifest, open(mpath, "w"))
+        with pytest.raises(xser.DataError, match=r"param 'b' is missing on disk \(on disk: W\)"):
+            xser.load(path)
+
+    def test_shape_mismatch_names_both(self, tmp_path):
+        """A spec whose shapes differ from the data: the message gives both, as tuples."""
+        m, path = self.saved(tmp_path)
+        name = xser.params(m.encoder).name
+        text = open(path).read().replace("encoder: !TLinear {in_dim: 2, out_dim: 3", "encoder: !TLinear {in_dim: 2, out_dim: 6")
+        open(path, "w").write(text)
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == f"{path}.data/{name}: param 'W': shape (6, 2) in spec, (3, 2) on disk"
+
+    def test_dtype_mismatch_names_both(self, tmp_path):
+        """A dtype that differs from the data: the message gives both."""
+        path = str(tmp_path / "m.yaml")
+        leaf = leaf_of({"x": np.zeros(3, np.float32)})
+        xser.save(leaf, path)
+        text = open(path).read().replace("<f4", "<f8")
+        open(path, "w").write(text)
+        with pytest.raises(xser.DataError, match=r"param 'x': dtype float64 in spec, float32 on disk"):
+            xser.load(path)
+
+    def test_missing_data_dir(self, tmp_path):
+        """A spec without its data directory fails loudly (XNMT loaded random weights and exited 0)."""
+        _, path = self.saved(tmp_path)
+        shutil.rmtree(path + ".data")
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == f"{path}.data: data directory not found (was the model saved with xser.save?)"
+
+    def test_spec_without_subcol_name(self, tmp_path):
+        """A saved component that registers parameters but lost its xser_subcol_name is an error."""
+        m, path = self.saved(tmp_path)
+        name = xser.params(m.encoder).name
+        text = open(path).read().replace(f", xser_subcol_name: {name}", "")
+        open(path, "w").write(text)
+        with pytest.raises(xser.DataError, match="registers parameters, but its saved spec has no xser_subcol_name"):
+            xser.load(path)
+
+    def test_load_config_rejects_non_mapping(self, tmp_path):
+        """A config file must be a mapping of named experiments."""
+        p = tmp_path / "c.yaml"
+        p.write_text("- a\n- b\n")
+        with pytest.raises(xser.SpecError) as info:
+            xser.load_config(p)
+        assert str(info.value) == f"{p}:1:1: a config file is a mapping of named experiments, got list"
+
+    def test_load_of_config_file(self, tmp_path):
+        """xser.load of a config (not a saved model) says what is wrong."""
+        p = tmp_path / "c.yaml"
+        p.write_text("e: {a: 1}\n")
+        with pytest.raises(xser.SpecError) as info:
+            xser.load(p)
+        assert str(info.value) == f"{p}:1:1: not a saved xser model (no xser_format key); is this a config file?"
+
+    def test_newer_spec_format(self, tmp_path):
+        """A spec written by a newer xser is refused with both versions."""
+        _, path = self.saved(tmp_path)
+        text = open(path).read().replace("xser_format: 1", "xser_format: 9")
+        open(path, "w").write(text)
+        with pytest.raises(xser.SpecError, match="xser_format 9 was written by a newer xser"):
+            xser.load(path)
+
+
+class TestGoldenFormat:
+    SPEC = (
+        "tiny:\n"
+        "  model: !TModel\n"
+        "    encoder: !TLinear {in_dim: 2, out_dim: 3, init: ones, xser_subcol_name: Linear.0000abcd, xser_id: enc}\n"
+        "    decoder: !TNorm {dim: 3, xser_subcol_name: Norm.12345678}\n"
+        "    name: tiny model\n"
+        "  tied: !Ref {name: enc}\n"
+    )
+
+    def test_golden_bytes(self, tmp_path):
+        """The bytes of a tiny saved model are pinned (docs/format.md describes them)."""
+        cfg = tmp_path / "tiny.yaml"
+        cfg.write_text(self.SPEC)
+        exp = xser.build(xser.load_config(cfg)["tiny"])
+        out = tmp_path / "out" / "model.yaml"
+        xser.save(exp, out, training={"step": 10}, custom={"note": "golden"})
+        produced = {}
+        for dirpath, _, files in os.walk(tmp_path / "out"):
+            for f in files:
+                full = os.path.join(dirpath, f)
+                produced[os.path.relpath(full, tmp_path / "out")] = open(full, "rb").read()
+        manifest = json.loads(produced["model.yaml.data/manifest.json"])
+        assert manifest["xser_version"] == xser.__version__
+        assert manifest["created"].endswith("Z")
+        expected = {}
+        for dirpath, _, files in os.walk(GOLDEN):
+            for f in files:
+                full = os.path.join(dirpath, f)
+                expected[os.path.relpath(full, GOLDEN)] = open(full, "rb").read()
+        normal = produced["model.yaml.data/manifest.json"].decode()
+        normal = normal.replace(manifest["created"], "CREATED").replace(f'"xser_version": "{xser.__version__}"', '"xser_version": "VERSION"')
+        produced["model.yaml.data/manifest.json"] = normal.encode()
+        assert sorted(produced) == sorted(expected)
+        for name in expected:
+            assert produced[name] == expected[name], name
