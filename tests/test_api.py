@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ class TestRoundTrip:
         m = Model(encoder=enc, decoder=enc)
         path = str(tmp_path / "m.yaml")
         xser.save(m, path)
-        text = open(path).read()
+        text = Path(path).read_text()
         assert "decoder: !Ref {path: encoder}" in text
         assert len(os.listdir(path + ".data")) == 2  # one subcollection + manifest
         again = xser.load(path)
@@ -158,7 +159,7 @@ class TestRoundTrip:
         """training and custom mappings are stored in the manifest as given."""
         path = str(tmp_path / "m.yaml")
         xser.save(Node(1), path, training={"epoch": 3}, custom={"who": ["me"]})
-        m = json.load(open(path + ".data/manifest.json"))
+        m = json.loads(Path(path + ".data/manifest.json").read_text())
         assert m["training"] == {"epoch": 3} and m["custom"] == {"who": ["me"]}
 
     def test_metadata_must_be_json(self, tmp_path):
@@ -210,9 +211,9 @@ class TestLoadRules:
         m, path = self.saved(tmp_path)
         name = xser.params(m.decoder).name
         mpath = path + ".data/manifest.json"
-        manifest = json.load(open(mpath))
+        manifest = json.loads(Path(mpath).read_text())
         del manifest["subcollections"][name]
-        json.dump(manifest, open(mpath, "w"))
+        Path(mpath).write_text(json.dumps(manifest))
         for strict in (True, False):
             with pytest.raises(xser.DataError, match=f"m.yaml.data/{name}: subcollection is missing from the data directory"):
                 xser.load(path, strict=strict)
@@ -220,9 +221,9 @@ class TestLoadRules:
     def test_unused_subcollection_strictness(self, tmp_path):
         """Subcollections on disk that the spec does not use: an error unless strict=False."""
         m, path = self.saved(tmp_path)
-        lines = open(path).read().splitlines()
+        lines = Path(path).read_text().splitlines()
         lines = [("  decoder: null" if line.startswith("  decoder:") else line) for line in lines]
-        open(path, "w").write("\n".join(lines) + "\n")
+        Path(path).write_text("\n".join(lines) + "\n")
         name = xser.params(m.decoder).name
         with pytest.raises(xser.DataError) as info:
             xser.load(path)
@@ -237,9 +238,9 @@ class TestLoadRules:
         m, path = self.saved(tmp_path)
         name = xser.params(m.encoder).name
         mpath = path + ".data/manifest.json"
-        manifest = json.load(open(mpath))
+        manifest = json.loads(Path(mpath).read_text())
         del manifest["subcollections"][name]["b"]
-        json.dump(manifest, open(mpath, "w"))
+        Path(mpath).write_text(json.dumps(manifest))
         with pytest.raises(xser.DataError, match=r"param 'b' is missing on disk \(on disk: W\)"):
             xser.load(path)
 
@@ -247,8 +248,8 @@ class TestLoadRules:
         """A spec whose shapes differ from the data: the message gives both, as tuples."""
         m, path = self.saved(tmp_path)
         name = xser.params(m.encoder).name
-        text = open(path).read().replace("encoder: !TLinear {in_dim: 2, out_dim: 3", "encoder: !TLinear {in_dim: 2, out_dim: 6")
-        open(path, "w").write(text)
+        text = Path(path).read_text().replace("encoder: !TLinear {in_dim: 2, out_dim: 3", "encoder: !TLinear {in_dim: 2, out_dim: 6")
+        Path(path).write_text(text)
         with pytest.raises(xser.DataError) as info:
             xser.load(path)
         assert str(info.value) == f"{path}.data/{name}: param 'W': shape (6, 2) in spec, (3, 2) on disk"
@@ -258,8 +259,8 @@ class TestLoadRules:
         path = str(tmp_path / "m.yaml")
         leaf = leaf_of({"x": np.zeros(3, np.float32)})
         xser.save(leaf, path)
-        text = open(path).read().replace("<f4", "<f8")
-        open(path, "w").write(text)
+        text = Path(path).read_text().replace("<f4", "<f8")
+        Path(path).write_text(text)
         with pytest.raises(xser.DataError, match=r"param 'x': dtype float64 in spec, float32 on disk"):
             xser.load(path)
 
@@ -275,8 +276,8 @@ class TestLoadRules:
         """A saved component that registers parameters but lost its xser_subcol_name is an error."""
         m, path = self.saved(tmp_path)
         name = xser.params(m.encoder).name
-        text = open(path).read().replace(f", xser_subcol_name: {name}", "")
-        open(path, "w").write(text)
+        text = Path(path).read_text().replace(f", xser_subcol_name: {name}", "")
+        Path(path).write_text(text)
         with pytest.raises(xser.DataError, match="registers parameters, but its saved spec has no xser_subcol_name"):
             xser.load(path)
 
@@ -299,8 +300,8 @@ class TestLoadRules:
     def test_newer_spec_format(self, tmp_path):
         """A spec written by a newer xser is refused with both versions."""
         _, path = self.saved(tmp_path)
-        text = open(path).read().replace("xser_format: 1", "xser_format: 9")
-        open(path, "w").write(text)
+        text = Path(path).read_text().replace("xser_format: 1", "xser_format: 9")
+        Path(path).write_text(text)
         with pytest.raises(xser.SpecError, match="xser_format 9 was written by a newer xser"):
             xser.load(path)
 
@@ -326,7 +327,7 @@ class TestGoldenFormat:
         for dirpath, _, files in os.walk(tmp_path / "out"):
             for f in files:
                 full = os.path.join(dirpath, f)
-                produced[os.path.relpath(full, tmp_path / "out")] = open(full, "rb").read()
+                produced[os.path.relpath(full, tmp_path / "out")] = Path(full).read_bytes()
         manifest = json.loads(produced["model.yaml.data/manifest.json"])
         assert manifest["xser_version"] == xser.__version__
         assert manifest["created"].endswith("Z")
@@ -334,7 +335,7 @@ class TestGoldenFormat:
         for dirpath, _, files in os.walk(GOLDEN):
             for f in files:
                 full = os.path.join(dirpath, f)
-                expected[os.path.relpath(full, GOLDEN)] = open(full, "rb").read()
+                expected[os.path.relpath(full, GOLDEN)] = Path(full).read_bytes()
         normal = produced["model.yaml.data/manifest.json"].decode()
         normal = normal.replace(manifest["created"], "CREATED").replace(f'"xser_version": "{xser.__version__}"', '"xser_version": "VERSION"')
         produced["model.yaml.data/manifest.json"] = normal.encode()
