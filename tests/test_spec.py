@@ -1,0 +1,100 @@
+"""YAML text <-> plain trees: safety, locations, and dump/parse round trips."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+import xser
+from strategies import plain
+from xser.spec import MAX_NODES, Tagged, dump, parse, read
+
+BAD = [
+    ("a: !!python/object/apply:os.system [ls]\n", "f.yaml:1:4: tags that construct Python objects are never loaded: !!python/object/apply:os.system"),
+    ("a: !!python/name:os.system ''\n", "f.yaml:1:4: tags that construct Python objects are never loaded: !!python/name:os.system"),
+    ("a: !!set {1, 2}\n", "f.yaml:1:4: unsupported tag: !!set"),
+    ("a: 1\nb: 2\na: 3\n", "f.yaml:3:1: duplicate key 'a' (first defined at line 1)"),
+    ("a: [1\n", "f.yaml:2:1: YAML syntax error: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence)"),
+    ("a: b: c\n", "f.yaml:1:5: YAML syntax error: mapping values are not allowed here"),
+    ("a: &x [*x]\n", "f.yaml:1:4: recursive alias: a node contains itself"),
+    ("a: !Foo [1]\n", "f.yaml:1:4: component !Foo must be followed by a mapping of arguments, got a list"),
+    ("a: !Foo bar\n", "f.yaml:1:4: component !Foo must be followed by a mapping of arguments, got scalar 'bar'"),
+    ("? [1]\n: 2\n", "f.yaml:1:3: mapping keys must be scalars"),
+    ("a: *nope\n", "f.yaml:1:4: YAML syntax error: found undefined alias 'nope'"),
+    ("a: !!int x\n", "f.yaml:1:4: bad int value 'x': invalid literal for int() with base 10: 'x'"),
+]
+
+
+class TestParse:
+    @pytest.mark.parametrize("text, message", BAD, ids=[m for _, m in BAD])
+    def test_bad_yaml_table(self, text, message):
+        """Unsafe or malformed YAML is a SpecError with file:line:col."""
+        with pytest.raises(xser.SpecError) as info:
+            parse(text, "f.yaml")
+        assert str(info.value) == message
+
+    def test_alias_bomb_is_bounded(self):
+        """A billion-laughs document stops at MAX_NODES instead of eating memory."""
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        for i in range(1, 12):
+            lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+        with pytest.raises(xser.SpecError, match=f"expands to more than {MAX_NODES} nodes"):
+            parse("\n".join(lines) + "\n", "bomb.yaml")
+
+    def test_aliases_copy(self):
+        """Anchors and aliases copy values (only !Ref shares objects)."""
+        tree = parse("a: &x {k: [1]}\nb: *x\n").tree
+        assert tree["a"] == tree["b"] and tree["a"] is not tree["b"]
+
+    def test_merge_keys(self):
+        """'<<' merges mappings; explicit keys win."""
+        tree = parse("base: &b {x: 1, y: 2}\nc:\n  <<: *b\n  y: 3\n").tree
+        assert tree["c"] == {"y": 3, "x": 1}
+
+    def test_scalars_follow_yaml_1_2(self):
+        """yes/no stay strings; ints, floats, bools and nulls are typed."""
+        tree = parse("a: yes\nb: 0x10\nc: 1_000\nd: .inf\ne: ~\nf: true\ng: '12'\n").tree
+        assert tree == {"a": "yes", "b": 16, "c": 1000, "d": float("inf"), "e": None, "f": True, "g": "12"}
+
+    def test_tags_and_locations(self):
+        """Tagged mappings become Tagged nodes; locations are 1-based."""
+        doc = parse("x:\n  m: !Lin {a: 1}\n  e: !Empty\n", "f.yaml")
+        assert doc.tree == {"x": {"m": Tagged("!Lin", {"a": 1}), "e": Tagged("!Empty", {})}}
+        loc = doc.where(doc.tree["x"]["m"], "a")
+        assert (loc.file, loc.line, loc.column) == ("f.yaml", 2, 15)  # the value "1"
+
+    def test_copy_keeps_locations(self):
+        """Doc.copy gives new containers that keep their locations."""
+        doc = parse("x:\n  m: {a: 1}\n", "f.yaml")
+        new = doc.copy(doc.tree)
+        assert new == doc.tree and new["x"] is not doc.tree["x"]
+        assert doc.where(new["x"]["m"], "a").line == 2
+
+    def test_read_missing_file(self, tmp_path):
+        """A missing file is a SpecError naming it."""
+        with pytest.raises(xser.SpecError, match="file not found"):
+            read(tmp_path / "nope.yaml")
+
+    def test_read_not_utf8(self, tmp_path):
+        """A file that is not UTF-8 is a SpecError, not a UnicodeDecodeError."""
+        p = tmp_path / "bad.yaml"
+        p.write_bytes(b"a: \xff\n")
+        with pytest.raises(xser.SpecError, match="cannot read file"):
+            read(p)
+
+
+class TestDump:
+    @settings(max_examples=300, deadline=None)
+    @given(plain)
+    def test_plain_data_round_trips(self, value):
+        """Any plain data (odd strings included) dumps to YAML that parses back equal."""
+        assert parse(dump({"v": value})).tree == {"v": value}
+
+    def test_key_order_is_kept(self):
+        """Keys are written in insertion order, never sorted."""
+        assert dump({"b": 1, "a": Tagged("!X", {"z": 1, "y": 2})}) == "b: 1\na: !X {z: 1, y: 2}\n"
+
+    def test_odd_strings_are_quoted(self):
+        """Strings that ruamel would mangle are double-quoted."""
+        for s in ["?x", ":0", "a\x85b", "a\u2028b", "-", "#x", "true", "12", ""]:
+            assert parse(dump({s: s})).tree == {s: s}
