@@ -249,3 +249,54 @@ class TestAtomicWrite:
         write_datadir(str(tmp_path / "d"), {"Empty.0000000a": {}}, durable=False)
         assert os.listdir(tmp_path / "d" / "Empty.0000000a") == []
         assert DataDir.open(tmp_path / "d").subcollections == {"Empty.0000000a": {}}
+
+
+class TestPublish:
+    def test_resave_without_atomic_exchange(self, tmp_path, monkeypatch):
+        """Where the OS cannot swap directories, re-saves still replace the data and clean up."""
+        monkeypatch.setattr("xser.store._RENAMEAT2", None)
+        path = str(tmp_path / "m.yaml")
+        lin = Linear(2, 3)
+        xser.save(lin, path)
+        lin.W[...] = 2.0
+        xser.save(lin, path)
+        assert np.all(xser.load(path).W == 2.0)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data"]
+
+
+CHILD = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import components, xser
+lin = components.Linear(64, 64)
+i = 0
+while True:
+    i += 1
+    lin.W[...] = i
+    lin.b[...] = i
+    xser.save(lin, {path!r})
+    print(i, flush=True)
+"""
+
+
+def test_killed_saves_leave_a_whole_model(tmp_path):
+    """A saver killed with SIGKILL at random moments always leaves a model that loads as one saved state."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "m.yaml")
+    code = CHILD.format(tests=os.path.dirname(__file__), path=path)
+    rng = random.Random(1)
+    for _ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        proc.stdout.readline()  # at least one save completed
+        time.sleep(rng.uniform(0.0, 0.2))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        m = xser.load(path, verify=True)
+        k = m.W.flat[0]
+        assert k >= 1 and np.all(m.W == k) and np.all(m.b == k)

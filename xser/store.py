@@ -11,10 +11,13 @@ Layout (``docs/format.md`` is the specification)::
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import secrets
 import shutil
+import sys
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -158,11 +161,7 @@ def write_datadir(
             for sub in subcols:
                 _fsync_dir(os.path.join(tmp, sub))
             _fsync_dir(tmp)
-        old = None
-        if os.path.lexists(target):
-            old = f"{target}{OLD_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(target, old)
-        os.rename(tmp, target)
+        old = _publish(tmp, target)
         if durable:
             _fsync_dir(parent)
         if old is not None:
@@ -173,6 +172,53 @@ def write_datadir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _publish(tmp: str, target: str) -> str | None:
+    """Put the complete directory ``tmp`` at ``target``; return the old one's new name, if any.
+
+    Where the OS can swap two directories atomically, ``target`` is never missing, even
+    for a moment. Elsewhere the old directory is renamed aside first, so a crash between
+    the two renames leaves ``target`` missing and both complete copies beside it.
+    """
+    if not os.path.lexists(target):
+        os.rename(tmp, target)
+        return None
+    if _exchange(tmp, target):
+        return tmp  # tmp now holds the old directory
+    old = f"{target}{OLD_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(target, old)
+    os.rename(tmp, target)
+    return old
 
 
 def render_manifest(manifest: dict) -> str:
