@@ -20,7 +20,7 @@ from .errors import DataError, Location, SpecError, XserError, did_you_mean, sha
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
 from .refs import NotFound, Resolver, parse_path
 from .registry import lookup
-from .spec import Doc, Tagged, format_path
+from .spec import Doc, Tagged, children, format_path, iter_tagged
 from .store import DataDir
 
 __all__ = ["ExperimentSpec", "build", "build_spec", "Store"]
@@ -151,16 +151,15 @@ def substitute(node: Any, values: dict[str, Any], doc: Doc, loc: Location | None
             return str(values[name])
 
         return _PLACEHOLDER.sub(repl, node)
-    if isinstance(node, Tagged):
-        for k, v in node.args.items():
-            node.args[k] = substitute(v, values, doc, doc.where(node, k))
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            node[k] = substitute(v, values, doc, doc.where(node, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            node[i] = substitute(v, values, doc, doc.where(node, i))
+    _rewrite_children(node, lambda k, v: substitute(v, values, doc, doc.where(node, k)))
     return node
+
+
+def _rewrite_children(node: Any, fn: Any) -> None:
+    """Replace each child ``v`` at key ``k`` of a tree node by ``fn(k, v)``, in place."""
+    target = node.args if isinstance(node, Tagged) else node
+    for k, v in list(children(node)):
+        target[k] = fn(k, v)
 
 
 # ---------------------------------------------------------------- the builder
@@ -191,36 +190,20 @@ class Builder:
     def mark_origin(self, node: Any, store: Store) -> set[str]:
         """Give every component of a loaded subtree its data source; return the names used."""
         names: set[str] = set()
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, Tagged):
-                if n.tag != "!Ref":
-                    name = n.args.get("xser_subcol_name")
-                    n.origin = _Origin(store, name if isinstance(name, str) else None)
-                    if isinstance(name, str):
-                        names.add(name)
-                stack.extend(n.args.values())
-            elif isinstance(n, dict):
-                stack.extend(n.values())
-            elif isinstance(n, list):
-                stack.extend(n)
+        for n in iter_tagged(node):
+            if n.tag != "!Ref":
+                name = n.args.get("xser_subcol_name")
+                n.origin = _Origin(store, name if isinstance(name, str) else None)
+                if isinstance(name, str):
+                    names.add(name)
         return names
 
     # -- !LoadSerialized
 
     def expand_loads(self, node: Any, path: tuple, outer_ids: set[str]) -> Any:
-        if isinstance(node, Tagged):
-            if node.tag == "!LoadSerialized":
-                return self._load_serialized(node, path, outer_ids)
-            for k, v in node.args.items():
-                node.args[k] = self.expand_loads(v, path + (k,), outer_ids)
-        elif isinstance(node, dict):
-            for k, v in node.items():
-                node[k] = self.expand_loads(v, path + (k,), outer_ids)
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                node[i] = self.expand_loads(v, path + (i,), outer_ids)
+        if isinstance(node, Tagged) and node.tag == "!LoadSerialized":
+            return self._load_serialized(node, path, outer_ids)
+        _rewrite_children(node, lambda k, v: self.expand_loads(v, path + (k,), outer_ids))
         return node
 
     def _load_serialized(self, node: Tagged, path: tuple, outer_ids: set[str]) -> Any:
@@ -271,42 +254,26 @@ class Builder:
         new = resolver.doc.copy(resolver.node_at(canon))
 
         def fix(n: Any, rel: tuple) -> Any:
-            if isinstance(n, Tagged):
-                if n.tag == "!Ref":
-                    kind, target = resolver.target(n, resolver.doc.where(n))
-                    if kind == "value":
-                        return target
-                    if target[: len(canon)] == canon:
-                        return Tagged("!Ref", {"path": format_path(at + target[len(canon):])})
-                    return self._inline(resolver, target, at + rel, depth + 1)
-                for k, v in n.args.items():
-                    n.args[k] = fix(v, rel + (k,))
-            elif isinstance(n, dict):
-                for k, v in n.items():
-                    n[k] = fix(v, rel + (k,))
-            elif isinstance(n, list):
-                for i, v in enumerate(n):
-                    n[i] = fix(v, rel + (i,))
+            if isinstance(n, Tagged) and n.tag == "!Ref":
+                kind, target = resolver.target(n, resolver.doc.where(n))
+                if kind == "value":
+                    return target
+                if target[: len(canon)] == canon:
+                    return Tagged("!Ref", {"path": format_path(at + target[len(canon):])})
+                return self._inline(resolver, target, at + rel, depth + 1)
+            _rewrite_children(n, lambda k, v: fix(v, rel + (k,)))
             return n
 
         return fix(new, ())
 
     def _dedupe_ids(self, node: Any, taken: set[str]) -> None:
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if isinstance(n, Tagged):
-                xid = n.args.get("xser_id")
-                if isinstance(xid, str):
-                    if xid in taken:
-                        del n.args["xser_id"]  # refs to it were already re-rooted as paths
-                    else:
-                        taken.add(xid)
-                stack.extend(n.args.values())
-            elif isinstance(n, dict):
-                stack.extend(n.values())
-            elif isinstance(n, list):
-                stack.extend(n)
+        for n in iter_tagged(node):
+            xid = n.args.get("xser_id")
+            if isinstance(xid, str):
+                if xid in taken:
+                    del n.args["xser_id"]  # refs to it were already re-rooted as paths
+                else:
+                    taken.add(xid)
 
     def _overwrite(self, root: Any, path: tuple, val: Any, loc: Location | None) -> Any:
         if not path:

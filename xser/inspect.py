@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from .errors import SpecError
-from .spec import Tagged, format_path, read
+from .spec import Tagged, children, format_path, read
 from .store import DataDir, data_dir_of
 
 __all__ = ["ModelView", "open_model"]
@@ -29,14 +29,7 @@ class ModelView:
             self.components.append((format_path(path), node))
             if node.tag == "!Ref":
                 return
-            items = node.args.items()
-        elif isinstance(node, dict):
-            items = node.items()
-        elif isinstance(node, list):
-            items = enumerate(node)
-        else:
-            return
-        for k, v in items:
+        for k, v in children(node):
             self._walk(v, path + (k,))
 
     @property

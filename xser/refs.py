@@ -8,7 +8,7 @@ import attrs
 
 from .errors import Location, SpecError, did_you_mean
 from .registry import lookup
-from .spec import Doc, Tagged, format_path
+from .spec import Doc, Tagged, children, format_path
 
 __all__ = ["Resolver", "NotFound", "parse_path"]
 
@@ -47,14 +47,7 @@ class Resolver:
                 if xid in self.ids:
                     raise SpecError(f"xser_id {xid!r} is used twice (also at {format_path(self.ids[xid])})", loc)
                 self.ids[xid] = path
-            items = node.args.items()
-        elif isinstance(node, dict):
-            items = node.items()
-        elif isinstance(node, list):
-            items = enumerate(node)
-        else:
-            return
-        for k, v in items:
+        for k, v in children(node):
             self._collect_ids(v, path + (k,))
 
     def target(self, ref: Tagged, loc: Location | None, depth: int = 0) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from .errors import Location, SpecError
 
-__all__ = ["Doc", "Tagged", "dump", "format_path", "parse", "read"]
+__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read"]
 
 #: Upper bound on nodes produced from one document (guards against alias bombs).
 MAX_NODES = 2_000_000
@@ -52,6 +52,27 @@ class Tagged:
 
     def __repr__(self) -> str:
         return f"Tagged({self.tag!r}, {self.args!r})"
+
+
+def children(node: Any) -> Any:
+    """(key, child) pairs of a tree node: a Tagged node's arguments, a dict's items, a list's items."""
+    if isinstance(node, Tagged):
+        return node.args.items()
+    if isinstance(node, dict):
+        return node.items()
+    if isinstance(node, list):
+        return enumerate(node)
+    return ()
+
+
+def iter_tagged(node: Any) -> Any:
+    """Every Tagged node in a tree (``!Ref`` nodes included), parents before children."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Tagged):
+            yield n
+        stack.extend(reversed([v for _, v in children(n)]))
 
 
 def format_path(path: tuple) -> str:
