@@ -7,11 +7,12 @@ def test_public_names():
     """dir(xser) is exactly the documented API (plus module attributes)."""
     public = {n for n in dir(xser) if not n.startswith("_")}
     assert public - set(xser.__all__) <= {
-        "api", "build", "errors", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
+        "api", "build", "checkpointing", "commit", "errors", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
     }
     assert sorted(xser.__all__) == [
-        "CheckpointError", "DataError", "Experiment", "ExperimentSpec", "Location", "RegistryError", "SpecError",
-        "Subcollection", "XserError", "__version__", "build", "load", "load_config", "params", "read_params", "save",
-        "serializable",
+        "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Experiment", "ExperimentSpec", "KeepBest",
+        "KeepEvery", "KeepLast", "Location", "RegistryError", "SaveReport", "SpecError", "Subcollection", "XserError",
+        "__version__", "build", "checkpoints", "load", "load_config", "load_training_state", "params", "read_params",
+        "save", "serializable",
     ]
     assert xser.__all__ == sorted(xser.__all__)

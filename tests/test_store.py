@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import xser
 from components import Linear
-from xser.store import DataDir, write_datadir
+from xser.commit import publish, stage
+from xser.store import DataDir
 
 
 @pytest.fixture
@@ -227,14 +228,15 @@ class TestAtomicWrite:
         calls = {"n": 0}
         real = npy.NpyFormat.write
 
-        def failing(self, p, a):
+        def failing(self, p, a, known=None):
             calls["n"] += 1
             if calls["n"] == 2:
                 raise OSError(28, "No space left on device", p)
-            return real(self, p, a)
+            return real(self, p, a, known)
 
         monkeypatch.setattr(npy.NpyFormat, "write", failing)
         lin.W[...] = 1.0
+        lin.b[...] = 1.0
         with pytest.raises(xser.DataError, match="No space left on device"):
             xser.save(lin, path)
         monkeypatch.undo()
@@ -246,7 +248,8 @@ class TestAtomicWrite:
 
     def test_empty_subcollection_has_entry(self, tmp_path):
         """A subcollection without parameters still has its (empty) entry."""
-        write_datadir(str(tmp_path / "d"), {"Empty.0000000a": {}}, durable=False)
+        staged = stage(str(tmp_path / "d"), {"Empty.0000000a": {}}, durable=False)
+        publish(staged.path, str(tmp_path / "d"))
         assert os.listdir(tmp_path / "d" / "Empty.0000000a") == []
         assert DataDir.open(tmp_path / "d").subcollections == {"Empty.0000000a": {}}
 
@@ -254,7 +257,7 @@ class TestAtomicWrite:
 class TestPublish:
     def test_resave_without_atomic_exchange(self, tmp_path, monkeypatch):
         """Where the OS cannot swap directories, re-saves still replace the data and clean up."""
-        monkeypatch.setattr("xser.store._RENAMEAT2", None)
+        monkeypatch.setattr("xser.commit._RENAMEAT2", None)
         path = str(tmp_path / "m.yaml")
         lin = Linear(2, 3)
         xser.save(lin, path)

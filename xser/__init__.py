@@ -11,6 +11,14 @@ from .api import load_config as load_config
 from .api import read_params as read_params
 from .api import save as save
 from .build import Experiment as Experiment
+from .checkpointing import Checkpoint as Checkpoint
+from .checkpointing import CheckpointSaver as CheckpointSaver
+from .checkpointing import KeepBest as KeepBest
+from .checkpointing import KeepEvery as KeepEvery
+from .checkpointing import KeepLast as KeepLast
+from .checkpointing import SaveReport as SaveReport
+from .checkpointing import checkpoints as checkpoints
+from .checkpointing import load_training_state as load_training_state
 from .build import ExperimentSpec as ExperimentSpec
 from .build import build as build
 from .errors import CheckpointError as CheckpointError
@@ -24,19 +32,27 @@ from .params import params as params
 from .registry import serializable as serializable
 
 __all__ = [
+    "Checkpoint",
     "CheckpointError",
+    "CheckpointSaver",
     "DataError",
     "Experiment",
     "ExperimentSpec",
+    "KeepBest",
+    "KeepEvery",
+    "KeepLast",
     "Location",
     "RegistryError",
+    "SaveReport",
     "SpecError",
     "Subcollection",
     "XserError",
     "__version__",
     "build",
+    "checkpoints",
     "load",
     "load_config",
+    "load_training_state",
     "params",
     "read_params",
     "save",

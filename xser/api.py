@@ -8,9 +8,8 @@ from typing import Any
 
 from .build import Experiment, ExperimentSpec, build_spec
 from .errors import Location, SpecError
-from .spec import Doc, dump, read
-from .serialize import to_tree
-from .store import DataDir, data_dir_of, write_datadir, write_text_atomic
+from .spec import Doc, read
+from .store import DataDir, data_dir_of
 
 __all__ = ["load", "load_config", "read_model_spec", "read_params", "save"]
 
@@ -18,11 +17,15 @@ SPEC_FORMAT = 1
 _HEADER = "# xser saved model: the spec of one experiment; its parameters are in {data}/\n"
 
 
+def spec_header(path: str) -> str:
+    return _HEADER.format(data=os.path.basename(path) + ".data")
+
+
 def _is_saved(doc: Doc) -> bool:
     return isinstance(doc.tree, dict) and "xser_format" in doc.tree
 
 
-def _saved_spec(doc: Doc, path: str) -> ExperimentSpec:
+def _saved_spec(doc: Doc, path: str, data: str | None = None) -> ExperimentSpec:
     tree = doc.tree
     version = tree.get("xser_format")
     loc = doc.where(tree, "xser_format")
@@ -37,16 +40,18 @@ def _saved_spec(doc: Doc, path: str) -> ExperimentSpec:
     if "experiment" not in tree:
         raise SpecError("saved model has no 'experiment'", doc.where(tree))
     name = tree.get("name")
-    return ExperimentSpec(name, tree["experiment"], doc, path, data_dir_of(path))
+    return ExperimentSpec(name, tree["experiment"], doc, path, data or data_dir_of(path))
 
 
-def read_model_spec(path: str | os.PathLike) -> ExperimentSpec:
+def read_model_spec(path: str | os.PathLike, checkpoint: int = 0) -> ExperimentSpec:
     """The one experiment of a saved model file (``xser_format`` at the top)."""
+    from .checkpointing import checkpoint_dir
+
     path = os.fspath(path)
     doc = read(path)
     if not _is_saved(doc):
         raise SpecError("not a saved xser model (no xser_format key); is this a config file?", Location(path, 1, 1))
-    return _saved_spec(doc, path)
+    return _saved_spec(doc, path, checkpoint_dir(path, checkpoint))
 
 
 def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
@@ -70,7 +75,7 @@ def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
     return out
 
 
-def _experiment_name(obj: Any) -> str | None:
+def experiment_name(obj: Any) -> str | None:
     if isinstance(obj, Experiment):
         return obj.name
     return getattr(obj, "__dict__", {}).get("_xser_experiment")
@@ -87,18 +92,18 @@ def save(
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters).
 
-    ``training`` and ``custom`` are JSON mappings stored in the manifest; xser never
-    writes ``custom`` itself. A durable save fsyncs files and directories before it
-    returns; ``durable=False`` skips that.
+    Replaces the newest checkpoint; older ones (``.data.1``, ...) are kept and must still
+    match the model. ``training`` and ``custom`` are JSON mappings stored in the
+    manifest; xser never writes ``custom`` itself. A durable save fsyncs files and
+    directories before it returns; ``durable=False`` skips that.
     """
+    from .checkpointing import save_checkpoint
+    from .commit import ModelLock, clean_temporaries
+
     path = os.fspath(path)
-    tree, subcols = to_tree(obj)
-    exp_name = name if name is not None else _experiment_name(obj)
-    doc = {"xser_format": SPEC_FORMAT, "name": exp_name, "experiment": tree}
-    text = _HEADER.format(data=os.path.basename(path) + ".data") + dump(doc)
-    arrays = {sub_name: sub.current() for sub_name, (sub, _) in subcols.items()}
-    write_datadir(data_dir_of(path), arrays, durable=durable, training=training, custom=custom)
-    write_text_atomic(path, text, durable=durable)
+    with ModelLock(path):
+        clean_temporaries(path)
+        save_checkpoint(obj, path, policy=None, durable=durable, name=name, training=training, custom=custom)
 
 
 def load(
@@ -107,22 +112,25 @@ def load(
     mmap: bool = False,
     strict: bool = True,
     verify: bool = False,
+    checkpoint: int = 0,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/``.
 
     ``mmap=True`` maps arrays copy-on-write (lazy, fast open). ``strict=False``
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
-    every file's checksum.
+    every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``).
     """
-    spec = read_model_spec(path)
+    spec = read_model_spec(path, checkpoint)
     return build_spec(spec, mmap=mmap, verify=verify, strict=strict)
 
 
 def read_params(
-    path: str | os.PathLike, *, mmap: bool = False, verify: bool = False
+    path: str | os.PathLike, *, mmap: bool = False, verify: bool = False, checkpoint: int = 0
 ) -> dict[str, dict[str, Any]]:
     """``{subcollection: {param: array}}`` of a saved model, without building objects."""
-    return DataDir.open(data_dir_of(os.fspath(path))).read_all(mmap=mmap, verify=verify)
+    from .checkpointing import checkpoint_dir
+
+    return DataDir.open(checkpoint_dir(path, checkpoint)).read_all(mmap=mmap, verify=verify)
 
 

@@ -11,16 +11,10 @@ Layout (``docs/format.md`` is the specification)::
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
-import secrets
-import shutil
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
 from typing import Any
 
 import attrs
@@ -29,9 +23,9 @@ import numpy as np
 from . import _version
 from .errors import DataError, Location, shape_str
 from .formats import FORMATS
-from .formats.npy import CHECKSUMS, DEFAULT_CHECKSUM, describe_dtype, parse_dtype
+from .formats.npy import CHECKSUMS, parse_dtype
 
-__all__ = ["DataDir", "ParamEntry", "write_datadir", "data_dir_of"]
+__all__ = ["DataDir", "ParamEntry", "data_dir_of", "read_manifest"]
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -78,200 +72,6 @@ class ParamEntry:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _plain(value: Any, where: str) -> Any:
-    """Check that a ``training``/``custom`` mapping is JSON data."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=True))
-    except (TypeError, ValueError) as e:
-        raise DataError(f"{where} must be JSON data (dicts, lists, str, numbers, bool, None): {e}") from None
-
-
-def write_datadir(
-    target: str,
-    subcols: Mapping[str, Mapping[str, tuple[np.ndarray, bool]]],
-    *,
-    durable: bool = True,
-    training: Mapping | None = None,
-    custom: Mapping | None = None,
-) -> None:
-    """Write ``{subcol: {param: (array, trainable)}}`` to ``target`` all-or-nothing.
-
-    Everything goes into ``<target>.tmp-<pid>-<hex>`` first; the manifest is written
-    last; then the directory is published by rename. The previous ``target`` is
-    untouched until the new one is complete.
-    """
-    training = _plain(dict(training or {}), "training")
-    custom = _plain(dict(custom or {}), "custom")
-    parent = os.path.dirname(os.path.abspath(target))
-    tmp = f"{target}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(tmp)
-        jobs: list[tuple[str, str, str, np.ndarray, bool, Future]] = []
-        for sub, params in subcols.items():
-            os.mkdir(os.path.join(tmp, sub))
-            for pname, (arr, trainable) in params.items():
-                rel = f"{sub}/{pname}{FORMATS['npy'].suffix}"
-                fut = pool().submit(_write_one, os.path.join(tmp, rel), arr, durable)
-                jobs.append((sub, pname, rel, arr, trainable, fut))
-        manifest: dict[str, Any] = {
-            "format": "xser",
-            "format_version": FORMAT_VERSION,
-            "xser_version": _version.__version__,
-            "created": _now(),
-            "training": training,
-            "custom": custom,
-            "subcollections": {sub: {} for sub in subcols},
-        }
-        for sub, pname, rel, arr, trainable, fut in jobs:
-            size, digest = fut.result()
-            manifest["subcollections"][sub][pname] = {
-                "dtype": describe_dtype(arr.dtype),
-                "shape": list(arr.shape),
-                "trainable": bool(trainable),
-                "blocks": [{"file": rel, "format": "npy", "bytes": size, DEFAULT_CHECKSUM: digest}],
-            }
-        mpath = os.path.join(tmp, MANIFEST)
-        with open(mpath, "x", encoding="utf-8") as f:
-            f.write(render_manifest(manifest))
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        if durable:
-            for sub in subcols:
-                _fsync_dir(os.path.join(tmp, sub))
-            _fsync_dir(tmp)
-        old = _publish(tmp, target)
-        if durable:
-            _fsync_dir(parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"cannot write data directory: {e.strerror or e}", Location(e.filename or target)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    if _RENAMEAT2 is None:
-        return False
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
-        return False
-    raise OSError(err, os.strerror(err), b)
-
-
-def _load_renameat2():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAMEAT2 = _load_renameat2()
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _publish(tmp: str, target: str) -> str | None:
-    """Put the complete directory ``tmp`` at ``target``; return the old one's new name, if any.
-
-    Where the OS can swap two directories atomically, ``target`` is never missing, even
-    for a moment. Elsewhere the old directory is renamed aside first, so a crash between
-    the two renames leaves ``target`` missing and both complete copies beside it.
-    """
-    if not os.path.lexists(target):
-        os.rename(tmp, target)
-        return None
-    if _exchange(tmp, target):
-        return tmp  # tmp now holds the old directory
-    old = f"{target}{OLD_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    os.rename(target, old)
-    os.rename(tmp, target)
-    return old
-
-
-def render_manifest(manifest: dict) -> str:
-    """JSON with one line per parameter entry: diffable and readable by eye."""
-    enc = lambda v: json.dumps(v, ensure_ascii=False, allow_nan=True)  # noqa: E731
-    lines = ["{"]
-    for key, value in manifest.items():
-        if key != "subcollections":
-            lines.append(f"  {enc(key)}: {enc(value)},")
-    subs = manifest["subcollections"]
-    lines.append('  "subcollections": {' + ("" if subs else "}"))
-    for i, (sub, params) in enumerate(subs.items()):
-        end = "," if i < len(subs) - 1 else ""
-        if not params:
-            lines.append(f"    {enc(sub)}: {{}}{end}")
-            continue
-        lines.append(f"    {enc(sub)}: {{")
-        for j, (pname, entry) in enumerate(params.items()):
-            lines.append(f"      {enc(pname)}: {enc(entry)}" + ("," if j < len(params) - 1 else ""))
-        lines.append("    }" + end)
-    if subs:
-        lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def _write_one(path: str, arr: np.ndarray, durable: bool) -> tuple[int, str]:
-    size, digest = FORMATS["npy"].write(path, arr)
-    if durable:
-        _fsync_file(path)
-    return size, digest
-
-
-def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
-    """Write a small text file by temporary file + ``os.replace``."""
-    parent = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        os.makedirs(parent, exist_ok=True)
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if durable:
-            _fsync_dir(parent)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise DataError(f"cannot write file: {e.strerror or e}", Location(e.filename or path)) from None
-
-
 # ---------------------------------------------------------------- reading
 
 
@@ -287,23 +87,7 @@ class DataDir:
     @classmethod
     def open(cls, path: str | os.PathLike) -> DataDir:
         path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise DataError("data directory not found (was the model saved with xser.save?)", Location(path))
-        mpath = os.path.join(path, MANIFEST)
-        try:
-            with open(mpath, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            raise DataError("manifest.json is missing: not a complete xser data directory", Location(path)) from None
-        except OSError as e:
-            raise DataError(f"cannot read manifest: {e.strerror}", Location(mpath)) from None
-        try:
-            manifest = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise DataError(f"corrupt manifest: not UTF-8 ({e.reason} at byte {e.start})", Location(mpath)) from None
-        except json.JSONDecodeError as e:
-            raise DataError(f"corrupt manifest: {e.msg}", Location(mpath, e.lineno, e.colno)) from None
-        return cls(path, *_check_manifest(manifest, mpath))
+        return cls(path, *read_manifest(path))
 
     def entry(self, subcol: str, name: str) -> ParamEntry:
         return self.subcollections[subcol][name]
@@ -351,6 +135,27 @@ class DataDir:
         for (sub, name), fut in futs.items():
             result[sub][name] = fut.result()
         return result
+
+
+def read_manifest(path: str) -> tuple[dict, dict[str, dict[str, ParamEntry]]]:
+    """(metadata, entries) of the data directory ``path``; ``DataError`` if it is not a valid one."""
+    if not os.path.isdir(path):
+        raise DataError("data directory not found (was the model saved with xser.save?)", Location(path))
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise DataError("manifest.json is missing: not a complete xser data directory", Location(path)) from None
+    except OSError as e:
+        raise DataError(f"cannot read manifest: {e.strerror}", Location(mpath)) from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"corrupt manifest: not UTF-8 ({e.reason} at byte {e.start})", Location(mpath)) from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"corrupt manifest: {e.msg}", Location(mpath, e.lineno, e.colno)) from None
+    return _check_manifest(manifest, mpath)
 
 
 def _bad(msg: str, mpath: str) -> DataError:

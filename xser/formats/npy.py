@@ -146,22 +146,36 @@ class NpyFormat:
     name = "npy"
     suffix = ".npy"
 
-    def write(self, path: str, array: np.ndarray) -> tuple[int, str]:
+    def _prepare(self, path: str, array: np.ndarray) -> tuple[bytes, np.ndarray]:
         if array.dtype.hasobject:
             raise DataError("object arrays cannot be saved (they need pickle)", _where(path))
         if not (array.flags.c_contiguous or array.flags.f_contiguous):
             array = np.ascontiguousarray(array)
-        header = _header(array)
+        return _header(array), (byte_view(array) if array.size else np.empty(0, np.uint8))
+
+    def digest(self, array: np.ndarray) -> tuple[int, str]:
+        """(file size, checksum) of the file ``write`` would produce, without writing it."""
+        header, data = self._prepare("<array>", array)
         h = CHECKSUMS[DEFAULT_CHECKSUM]()
         h.update(header)
+        for start in range(0, data.size, CHUNK):
+            h.update(data[start : start + CHUNK])
+        return len(header) + data.size, h.hexdigest()
+
+    def write(self, path: str, array: np.ndarray, known: tuple[int, str] | None = None) -> tuple[int, str]:
+        """Write the file; hash while writing unless the digest is ``known`` already."""
+        header, data = self._prepare(path, array)
+        h = CHECKSUMS[DEFAULT_CHECKSUM]() if known is None else None
+        if h is not None:
+            h.update(header)
         with open(path, "xb") as f:
             f.write(header)
-            data = byte_view(array) if array.size else np.empty(0, np.uint8)
             for start in range(0, data.size, CHUNK):
                 chunk = data[start : start + CHUNK]
-                h.update(chunk)
+                if h is not None:
+                    h.update(chunk)
                 f.write(chunk)
-        return len(header) + data.size, h.hexdigest()
+        return (len(header) + data.size, h.hexdigest()) if h is not None else known
 
     def read(
         self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
