@@ -35,7 +35,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect import open_model
 
-    view = open_model(args.model)
+    view = open_model(args.model, args.checkpoint)
     print("\n".join(view.lines()))
     if args.verify:
         view.data.read_all(verify=True)
@@ -56,6 +56,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model spec, e.g. out/model.yaml")
     p.add_argument("--verify", action="store_true", help="check every file against its checksum")
+    p.add_argument("--checkpoint", type=int, default=0, metavar="K", help="show checkpoint K (0 = newest)")
 
 
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)

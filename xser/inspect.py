@@ -10,16 +10,18 @@ from typing import Any
 
 from .errors import SpecError
 from .spec import Tagged, children, format_path, read
-from .store import DataDir, data_dir_of
+from .checkpointing import Checkpoint, checkpoint_dir, checkpoints
+from .store import DataDir
 
 __all__ = ["ModelView", "open_model"]
 
 
 class ModelView:
-    def __init__(self, path: str, doc: Any, data: DataDir) -> None:
+    def __init__(self, path: str, doc: Any, data: DataDir, ckpts: list[Checkpoint]) -> None:
         self.path = path
         self.tree = doc.tree
         self.data = data
+        self.checkpoints = ckpts
         self.components: list[tuple[str, Tagged]] = []
         exp = self.tree.get("experiment") if isinstance(self.tree, dict) else None
         self._walk(exp, ())
@@ -80,6 +82,9 @@ class ModelView:
                 shape = repr(tuple(e.shape))
                 flag = "" if e.trainable else "  (not trainable)"
                 out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {e.blocks[0].bytes:>12,} B{flag}")
+        if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
+            out.append("")
+            out.extend(checkpoint_table(self.checkpoints))
         missing = sorted(set(owners) - set(subs))
         if missing:
             out.append("")
@@ -87,9 +92,30 @@ class ModelView:
         return out
 
 
-def open_model(path: str | os.PathLike) -> ModelView:
+def checkpoint_table(ckpts: list[Checkpoint]) -> list[str]:
+    """The checkpoints as an aligned text table, newest first."""
+    names = sorted({m for c in ckpts for m in c.metrics})
+    head = ["#", "directory", "step", "created"] + names + ["training state"]
+    rows = [
+        [str(c.index), os.path.basename(c.path), "-" if c.step is None else str(c.step), c.created]
+        + [_fmt(c.metrics.get(m)) for m in names]
+        + ["yes" if c.has_training_state else "-"]
+        for c in ckpts
+    ]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [f"checkpoints: {len(ckpts)}", line(head)] + [line(r) for r in rows]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
     path = os.fspath(path)
     doc = read(path)
     if not (isinstance(doc.tree, dict) and "xser_format" in doc.tree):
         raise SpecError("not a saved xser model (no xser_format key)", doc.where(doc.tree) if doc.tree is not None else None)
-    return ModelView(path, doc, DataDir.open(data_dir_of(path)))
+    return ModelView(path, doc, DataDir.open(checkpoint_dir(path, checkpoint)), checkpoints(path))

@@ -1,0 +1,478 @@
+"""Checkpoints: rotation, retention policies, resume, duplicates, training state, crash safety."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xser
+from components import Linear, Model
+from xser.checkpointing import AnyOf, Checkpoint, KeepBest, KeepEvery, KeepLast, plan
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def model(value=0.0):
+    lin = Linear(3, 2)
+    lin.W[...] = value
+    lin.b[...] = value
+    return lin
+
+
+def steps_on_disk(path):
+    return [c.step for c in xser.checkpoints(path)]
+
+
+class TestRotation:
+    def test_keep_last(self, tmp_path):
+        """Each save becomes .data; older ones shift to .data.1, .data.2; keep=N bounds them."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in range(1, 6):
+                lin.W[...] = step
+                saver.save(lin, step=step, metrics={"loss": 1.0 / step})
+        assert steps_on_disk(path) == [5, 4, 3]
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data", "m.yaml.data.1", "m.yaml.data.2"]
+        for k, step in enumerate([5, 4, 3]):
+            assert np.all(xser.load(path, checkpoint=k).W == step)
+            assert np.all(xser.read_params(path, checkpoint=k)[xser.params(lin).name]["W"] == step)
+        assert np.all(xser.load(path).W == 5)
+
+    def test_subcol_names_do_not_change(self, tmp_path):
+        """All checkpoints share the one spec and its subcollection names."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            saver.save(lin, step=1)
+            lin.W[...] = 1
+            saver.save(lin, step=2)
+        names = [set(xser.read_params(path, checkpoint=k)) for k in (0, 1)]
+        assert names[0] == names[1] == {xser.params(lin).name}
+
+    def test_keep_best_and_newest(self, tmp_path):
+        """KeepBest keeps the best by a metric; the newest is always kept too."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=KeepBest(2, "bleu")) as saver:
+            for step, bleu in [(1, 10.0), (2, 30.0), (3, 20.0), (4, 5.0)]:
+                lin.W[...] = step
+                saver.save(lin, step=step, metrics={"bleu": bleu})
+        assert steps_on_disk(path) == [4, 3, 2]
+
+    def test_keep_min_mode_and_every(self, tmp_path):
+        """mode='min' keeps the lowest; KeepEvery keeps multiples of k; | combines."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        policy = KeepBest(1, "loss", mode="min") | KeepEvery(3)
+        with xser.CheckpointSaver(path, keep=policy) as saver:
+            for step, loss in [(1, 0.5), (2, 0.1), (3, 0.9), (4, 0.8), (5, 0.7), (6, 0.6), (7, 0.95)]:
+                lin.W[...] = step
+                saver.save(lin, step=step, metrics={"loss": loss})
+        assert steps_on_disk(path) == [7, 6, 3, 2]
+
+    def test_resume_applies_policy_to_existing(self, tmp_path):
+        """A saver on an earlier run's directory prunes the existing checkpoints by its policy."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=5) as saver:
+            for step in range(1, 6):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+        again = xser.load(path)
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            again.W[...] = 6
+            report = saver.save(again, step=6)
+        assert steps_on_disk(path) == [6, 5]
+        assert len(report.removed) == 4
+
+    def test_stale_checkpoints_beyond_policy_are_removed_whole(self, tmp_path):
+        """An old run's .data.7 is a checkpoint (it has a manifest) and is pruned like the others."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        xser.save(lin, path)
+        os.rename(path + ".data", path + ".data.7")
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            lin.W[...] = 1
+            saver.save(lin, step=1)
+            lin.W[...] = 2
+            saver.save(lin, step=2)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data", "m.yaml.data.1"]
+
+    def test_non_checkpoint_in_the_way(self, tmp_path):
+        """A directory without a manifest is never deleted; if it blocks rotation, the error says so."""
+        path = str(tmp_path / "m.yaml")
+        os.makedirs(path + ".data.1")
+        (Path(path + ".data.1") / "notes.txt").write_text("mine")
+        lin = model(1)
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            saver.save(lin, step=1)
+            lin.W[...] = 2
+            with pytest.raises(xser.CheckpointError, match=r"m.yaml.data.1 is in the way of checkpoint rotation and is not a checkpoint"):
+                saver.save(lin, step=2)
+        assert (Path(path + ".data.1") / "notes.txt").read_text() == "mine"
+        assert steps_on_disk(path) == [1]
+
+    def test_gap_is_closed_by_next_save(self, tmp_path):
+        """After an interrupted rotation (a gap), listing keeps the order and the next save renumbers."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=5) as saver:
+            for step in (1, 2, 3):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+        os.rename(path + ".data.2", path + ".data.3")  # a crash after the first shift of the next save
+        assert steps_on_disk(path) == [3, 2, 1]
+        assert np.all(xser.load(path, checkpoint=2).W == 1)
+        with xser.CheckpointSaver(path, keep=5) as saver:
+            lin.W[...] = 4
+            saver.save(lin, step=4)
+        assert steps_on_disk(path) == [4, 3, 2, 1]
+        assert [os.path.basename(c.path) for c in xser.checkpoints(path)] == [
+            "m.yaml.data", "m.yaml.data.1", "m.yaml.data.2", "m.yaml.data.3"
+        ]
+
+    def test_missing_newest_falls_back_to_listing(self, tmp_path):
+        """If .data is gone (a crash between shift and publish), checkpoint 0 is the newest that exists."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in (1, 2):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+        os.rename(path + ".data", path + ".data.5")
+        os.rename(path + ".data.1", path + ".data.2")
+        os.rename(path + ".data.5", path + ".data.1")
+        assert steps_on_disk(path) == [2, 1]
+        assert np.all(xser.load(path).W == 2)
+
+    def test_checkpoint_out_of_range(self, tmp_path):
+        """Asking for a checkpoint that does not exist says how many there are."""
+        path = str(tmp_path / "m.yaml")
+        xser.save(model(), path)
+        with pytest.raises(xser.CheckpointError) as info:
+            xser.load(path, checkpoint=3)
+        assert str(info.value) == f"{path}: no checkpoint 3: the model has 1 (0 to 0)"
+        with pytest.raises(xser.CheckpointError, match="checkpoint must be an int >= 0"):
+            xser.load(path, checkpoint=-1)
+
+
+class TestDuplicatesAndLinks:
+    def test_identical_save_is_skipped(self, tmp_path):
+        """A save whose arrays equal the newest checkpoint's is reported and skipped."""
+        path = str(tmp_path / "m.yaml")
+        lin = model(1)
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            saver.save(lin, step=1)
+            report = saver.save(lin, step=2, metrics={"bleu": 1.0})
+        assert report.skipped and report.path is None
+        assert steps_on_disk(path) == [1]
+
+    def test_unchanged_arrays_are_hard_linked(self, tmp_path):
+        """Arrays that did not change are hard-linked from the previous checkpoint, not rewritten."""
+        path = str(tmp_path / "m.yaml")
+        lin = model(1)
+        sub = xser.params(lin).name
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            saver.save(lin, step=1)
+            lin.W[...] = 2
+            report = saver.save(lin, step=2)
+        assert (report.written, report.linked) == (1, 1)
+        b0, b1 = Path(path + ".data", sub, "b.npy"), Path(path + ".data.1", sub, "b.npy")
+        assert b0.stat().st_ino == b1.stat().st_ino
+        assert Path(path + ".data", sub, "W.npy").stat().st_ino != Path(path + ".data.1", sub, "W.npy").stat().st_ino
+        assert np.all(xser.load(path, checkpoint=1).W == 1) and np.all(xser.load(path).W == 2)
+
+    def test_spec_rewritten_only_when_changed(self, tmp_path):
+        """The one spec file is written by the first save and again only when it changes."""
+        path = str(tmp_path / "m.yaml")
+        m = Model(encoder=model(1), dropout=0.1)
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            assert saver.save(m, step=1).spec_written
+            m.encoder.W[...] = 2
+            assert not saver.save(m, step=2).spec_written
+            m.dropout = 0.2
+            m.encoder.W[...] = 3
+            assert saver.save(m, step=3).spec_written
+        assert "dropout: 0.2" in Path(path).read_text()
+
+
+class TestStructure:
+    def test_changed_model_is_an_error(self, tmp_path):
+        """A model whose parameters no longer match the checkpoints is refused, naming the difference."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            saver.save(lin, step=1)
+        other = Linear(4, 2)
+        xser.params(other).name = xser.params(lin).name
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            with pytest.raises(xser.CheckpointError) as info:
+                saver.save(other, step=2)
+        sub = xser.params(lin).name
+        assert str(info.value) == (
+            f"{path}: the model no longer matches checkpoint {path}.data: {sub}: param 'W' is (2, 4) float32 in the model, "
+            "(2, 3) float32 in the checkpoint; to start a new model use CheckpointSaver(..., restart=True)"
+        )
+        assert steps_on_disk(path) == [1]
+
+    def test_restart_starts_a_new_model(self, tmp_path):
+        """restart=True replaces every old checkpoint with the new model's first one."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in (1, 2):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+        with xser.CheckpointSaver(path, keep=3, restart=True) as saver:
+            big = Linear(5, 5)
+            saver.save(big, step=1)
+            big.W[...] = 2
+            saver.save(big, step=2)
+        assert steps_on_disk(path) == [2, 1]
+        assert xser.load(path).W.shape == (5, 5)
+
+    def test_plain_save_checks_older_checkpoints(self, tmp_path):
+        """xser.save replaces the newest; older checkpoints that no longer match make it fail."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in (1, 2):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+        xser.save(xser.load(path), path)  # same structure: fine
+        assert steps_on_disk(path) == [None, 1]
+        other = Linear(4, 4)
+        with pytest.raises(xser.CheckpointError, match="no longer matches checkpoint .*m.yaml.data.1"):
+            xser.save(other, path)
+
+    def test_policy_validation(self):
+        """Bad policies are refused early."""
+        with pytest.raises(xser.CheckpointError, match="keep must be an int >= 1 or a policy"):
+            xser.CheckpointSaver("unused.yaml", keep=0)
+        with pytest.raises(ValueError):
+            KeepBest(1, "bleu", mode="maximum")
+
+    def test_bad_step_and_metrics(self, tmp_path):
+        """step must be an int; metrics numbers."""
+        with xser.CheckpointSaver(str(tmp_path / "m.yaml")) as saver:
+            with pytest.raises(xser.CheckpointError, match="step must be an int, got '3'"):
+                saver.save(model(), step="3")
+            with pytest.raises(xser.CheckpointError, match="metric 'bleu' must be a number, got 'high'"):
+                saver.save(model(), metrics={"bleu": "high"})
+        assert os.listdir(tmp_path) == []
+
+
+class TestTrainingState:
+    def test_round_trip(self, tmp_path):
+        """training_state (arrays and JSON values) comes back per checkpoint."""
+        path = str(tmp_path / "m.yaml")
+        rng = np.random.default_rng(3)
+        state = {"step": 7, "adam": {"m": np.ones((2, 3), np.float32), "v": [np.zeros(2), 0.5]}, "rng": rng.bit_generator.state}
+        lin = model(1)
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            saver.save(lin, step=7, training_state=state)
+            lin.W[...] = 2
+            saver.save(lin, step=8)
+        back = xser.load_training_state(path, checkpoint=1)
+        assert back["step"] == 7 and back["rng"] == rng.bit_generator.state
+        assert np.array_equal(back["adam"]["m"], state["adam"]["m"]) and back["adam"]["m"].dtype == np.float32
+        assert np.array_equal(back["adam"]["v"][0], np.zeros(2)) and back["adam"]["v"][1] == 0.5
+        with pytest.raises(xser.CheckpointError, match="saved without training_state"):
+            xser.load_training_state(path)
+        assert not os.path.exists(path + ".data/training_state")  # thin by default
+
+    def test_bad_training_state(self, tmp_path):
+        """Objects that are neither arrays nor JSON are refused, with nothing written."""
+        path = str(tmp_path / "m.yaml")
+        with xser.CheckpointSaver(path) as saver:
+            with pytest.raises(xser.DataError, match=r"training_state.opt: cannot store a object"):
+                saver.save(model(), training_state={"opt": object()})
+            with pytest.raises(xser.DataError, match=r"keys must be strings not starting with '\$'"):
+                saver.save(model(), training_state={"$array": 1})
+        assert xser.checkpoints(path) == []
+
+
+class TestLock:
+    def test_second_saver_is_refused(self, tmp_path):
+        """Two savers on one model: the second gets a clear error."""
+        path = str(tmp_path / "m.yaml")
+        with xser.CheckpointSaver(path):
+            with pytest.raises(xser.CheckpointError, match=rf"m.yaml.lock: another process \(pid {os.getpid()}\) is saving this model"):
+                xser.CheckpointSaver(path)
+            with pytest.raises(xser.CheckpointError, match="another process"):
+                xser.save(model(), path)
+        with xser.CheckpointSaver(path) as saver:  # released: usable again
+            saver.save(model(), step=1)
+        assert not os.path.exists(path + ".lock")
+
+    def test_closed_saver(self, tmp_path):
+        """A closed saver refuses to save."""
+        saver = xser.CheckpointSaver(str(tmp_path / "m.yaml"))
+        saver.close()
+        with pytest.raises(xser.CheckpointError, match="closed"):
+            saver.save(model())
+
+    def test_lock_of_killed_process_does_not_block(self, tmp_path):
+        """A saver killed while holding the lock does not block the next one."""
+        path = str(tmp_path / "m.yaml")
+        code = f"import sys, time; sys.path.insert(0, {HERE!r}); import xser; s = xser.CheckpointSaver({path!r}); print('locked', flush=True); time.sleep(60)"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(xser.CheckpointError, match=f"pid {proc.pid}"):
+            xser.CheckpointSaver(path)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        assert os.path.exists(path + ".lock")  # left behind, but not locked
+        with xser.CheckpointSaver(path) as saver:
+            saver.save(model(), step=1)
+
+
+class TestRecovery:
+    def test_temporaries_are_cleaned_and_never_loaded(self, tmp_path):
+        """Leftovers of interrupted saves are removed by the next saver and ignored by loads."""
+        path = str(tmp_path / "m.yaml")
+        xser.save(model(1), path)
+        junk = [path + ".data.tmp-1-deadbeef", path + ".data.old-2-cafebabe", path + ".tmp-3-0badf00d"]
+        os.makedirs(junk[0])
+        os.makedirs(junk[1])
+        Path(junk[2]).write_text("partial")
+        assert len(xser.checkpoints(path)) == 1 and np.all(xser.load(path).W == 1)
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            pass
+        assert not any(os.path.exists(j) for j in junk)
+
+    def test_spec_without_checkpoint_does_not_block(self, tmp_path):
+        """A spec left without any published checkpoint (a crash before the first publish) is overwritten."""
+        path = str(tmp_path / "m.yaml")
+        Path(path).write_text("xser_format: 1\nname: old\nexperiment: !Old {}\n")
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            saver.save(model(1), step=1)
+        assert np.all(xser.load(path).W == 1)
+
+    def test_write_error_keeps_earlier_checkpoints(self, tmp_path, monkeypatch):
+        """ENOSPC at the n-th write: an XserError naming the path; earlier checkpoints intact."""
+        from xser.formats import npy
+
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in (1, 2):
+                lin.W[...] = step
+                saver.save(lin, step=step)
+            real = npy.NpyFormat.write
+            calls = {"n": 0}
+
+            def failing(self, p, a, known=None):
+                calls["n"] += 1
+                if calls["n"] == 2:
+                    raise OSError(28, "No space left on device", p)
+                return real(self, p, a, known)
+
+            monkeypatch.setattr(npy.NpyFormat, "write", failing)
+            lin.W[...] = 3
+            lin.b[...] = 3
+            with pytest.raises(xser.DataError, match=r"m.yaml.data.tmp-.*: cannot write data directory: No space left on device"):
+                saver.save(lin, step=3)
+        monkeypatch.undo()
+        assert steps_on_disk(path) == [2, 1]
+        for k, v in ((0, 2), (1, 1)):
+            assert np.all(xser.load(path, checkpoint=k, verify=True).W == v)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data", "m.yaml.data.1"]
+
+    def test_permission_denied(self, tmp_path):
+        """An unwritable directory gives an XserError naming the path."""
+        if os.geteuid() == 0:
+            pytest.skip("root ignores directory permissions")
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o500)
+        try:
+            with pytest.raises(xser.XserError, match="ro"):
+                xser.save(model(), d / "m.yaml")
+        finally:
+            d.chmod(0o700)
+
+
+CHILD = """
+import sys
+sys.path.insert(0, {here!r})
+import components, xser
+lin = components.Linear(64, 64)
+saver = xser.CheckpointSaver({path!r}, keep=xser.KeepLast(3) | xser.KeepEvery(5), durable={durable})
+step = {start}
+while True:
+    step += 1
+    lin.W[...] = step
+    lin.b[...] = step
+    saver.save(lin, step=step, metrics={{"score": float(step % 7)}})
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_killed_savers_leave_whole_checkpoints(tmp_path, durable):
+    """SIGKILL at random moments: every listed checkpoint loads as exactly one saved state, newest first."""
+    path = str(tmp_path / "m.yaml")
+    rng = random.Random(7)
+    start = 0
+    deadline = time.monotonic() + 8
+    kills = 0
+    while time.monotonic() < deadline and kills < 25:
+        code = CHILD.format(here=HERE, path=path, durable=durable, start=start)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.15))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        kills += 1
+        listed = xser.checkpoints(path)
+        assert listed, "no checkpoint survived"
+        steps = []
+        for c in listed:
+            m = xser.load(path, checkpoint=c.index, verify=True)
+            k = int(m.W.flat[0])
+            assert np.all(m.W == k) and np.all(m.b == k), "a mix of two states"
+            assert c.step == k
+            steps.append(k)
+        assert steps == sorted(steps, reverse=True) and len(set(steps)) == len(steps)
+        start = steps[0] + 1000  # later runs resume with larger steps
+    assert kills >= 5
+
+
+class TestPlan:
+    @given(
+        n=st.integers(1, 6),
+        metrics=st.lists(st.one_of(st.none(), st.floats(-10, 10)), min_size=0, max_size=12),
+        best=st.integers(0, 3),
+        every=st.integers(1, 4),
+    )
+    @settings(max_examples=200, deadline=None)
+    def test_plan_properties(self, n, metrics, best, every):
+        """Never more than asked, never drops the newest, and stable under resume (idempotent)."""
+        ckpts = [
+            Checkpoint(i, f"d{i}", len(metrics) - i, "", {} if m is None else {"bleu": m}) for i, m in enumerate(metrics)
+        ]
+        for policy, bound in [(KeepLast(n), n), (KeepBest(best, "bleu"), best + 1), (KeepEvery(every), None),
+                              (AnyOf((KeepLast(n), KeepBest(best, "bleu"))), n + best)]:
+            kept = plan(ckpts, policy)
+            if not ckpts:
+                assert kept == []
+                continue
+            assert kept[0] == 0
+            if bound is not None:
+                assert len(kept) <= max(bound, 1)
+            again = [Checkpoint(i, c.path, c.step, c.created, c.metrics) for i, c in enumerate(ckpts[j] for j in kept)]
+            assert plan(again, policy) == list(range(len(again)))
