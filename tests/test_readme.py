@@ -22,7 +22,10 @@ def test_tour_runs(tmp_path):
     shutil.copy(os.path.join(ROOT, "configs", "toy.yaml"), tmp_path / "configs")
     code = "\n".join(blocks) + (
         "\nassert again['model'].tied is again['model'].hidden"
-        "\nassert (again['model'].hidden.W == exp['model'].hidden.W).all()"
+        "\nnewest = xser.load('out/model.yaml')"
+        "\nassert (newest['model'].hidden.W == exp['model'].hidden.W).all()"
+        "\nassert [c.step for c in xser.checkpoints('out/model.yaml')] == [10, 9, 8]"
+        "\nassert state == {'step': 10, 'lr': 0.1}"
         "\nprint('tour ok')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)

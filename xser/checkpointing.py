@@ -8,6 +8,7 @@ newest first, possibly with a gap that the next saver closes.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -37,6 +38,8 @@ __all__ = [
     "plan",
 ]
 
+
+_log = logging.getLogger("xser")
 
 # ---------------------------------------------------------------- listing
 
@@ -406,6 +409,7 @@ def save_checkpoint(
     previous = DataDir.open(existing[0].path) if existing and not restart else None
     if skip_duplicates and previous is not None and _disk_structure(previous.subcollections) == structure:
         if _same_bytes(arrays, previous):
+            _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
             return SaveReport(True, None)
     staged = stage(data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state)
     try:
