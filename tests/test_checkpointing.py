@@ -391,18 +391,36 @@ class TestRecovery:
             assert np.all(xser.load(path, checkpoint=k, verify=True).W == v)
         assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data", "m.yaml.data.1"]
 
-    def test_permission_denied(self, tmp_path):
-        """An unwritable directory gives an XserError naming the path."""
-        if os.geteuid() == 0:
-            pytest.skip("root ignores directory permissions")
-        d = tmp_path / "ro"
-        d.mkdir()
-        d.chmod(0o500)
-        try:
-            with pytest.raises(xser.XserError, match="ro"):
-                xser.save(model(), d / "m.yaml")
-        finally:
-            d.chmod(0o700)
+    def test_permission_denied(self, tmp_path, monkeypatch):
+        """Permission denied while staging: a DataError naming the path; the old checkpoint still loads."""
+        path = str(tmp_path / "m.yaml")
+        lin = model(1)
+        xser.save(lin, path)
+        real = os.mkdir
+
+        def denied(p, *a, **k):
+            if ".tmp-" in str(p):
+                raise PermissionError(13, "Permission denied", str(p))
+            return real(p, *a, **k)
+
+        monkeypatch.setattr(os, "mkdir", denied)
+        lin.W[...] = 2
+        with pytest.raises(xser.DataError, match=r"m.yaml.data.tmp-[0-9]+-[0-9a-f]{8}: cannot write data directory: Permission denied"):
+            xser.save(lin, path)
+        monkeypatch.undo()
+        assert np.all(xser.load(path, verify=True).W == 1)
+
+    def test_previous_file_vanished(self, tmp_path):
+        """If an unchanged array's previous file is gone, the array is written instead of linked."""
+        path = str(tmp_path / "m.yaml")
+        lin = model(1)
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            saver.save(lin, step=1)
+            os.unlink(os.path.join(path + ".data", xser.params(lin).name, "b.npy"))
+            lin.W[...] = 2
+            report = saver.save(lin, step=2)
+        assert (report.written, report.linked) == (2, 0)
+        assert np.all(xser.load(path, verify=True).b == 1)
 
 
 CHILD = """

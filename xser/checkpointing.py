@@ -109,6 +109,8 @@ def checkpoint_dir(path: str | os.PathLike, checkpoint: int) -> str:
     if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
         raise CheckpointError(f"checkpoint must be an int >= 0, got {checkpoint!r}", Location(path))
     direct = data_dir_of(path, checkpoint)
+    if checkpoint == 0 and os.path.isdir(direct):
+        return direct  # slot 0 exists: it is the newest, no listing needed
     found = checkpoints(path)
     if checkpoint < len(found):
         return found[checkpoint].path
