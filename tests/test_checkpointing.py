@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import xser
 from components import Linear, Model
+from helpers import fail_nth_write, save_steps
 from xser.checkpointing import AnyOf, Checkpoint, KeepBest, KeepEvery, KeepLast, plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,10 +86,7 @@ class TestRotation:
         """A saver on an earlier run's directory prunes the existing checkpoints by its policy."""
         path = str(tmp_path / "m.yaml")
         lin = model()
-        with xser.CheckpointSaver(path, keep=5) as saver:
-            for step in range(1, 6):
-                lin.W[...] = step
-                saver.save(lin, step=step)
+        save_steps(path, lin, range(1, 6), keep=5)
         again = xser.load(path)
         with xser.CheckpointSaver(path, keep=2) as saver:
             again.W[...] = 6
@@ -127,10 +125,7 @@ class TestRotation:
         """After an interrupted rotation (a gap), listing keeps the order and the next save renumbers."""
         path = str(tmp_path / "m.yaml")
         lin = model()
-        with xser.CheckpointSaver(path, keep=5) as saver:
-            for step in (1, 2, 3):
-                lin.W[...] = step
-                saver.save(lin, step=step)
+        save_steps(path, lin, (1, 2, 3), keep=5)
         os.rename(path + ".data.2", path + ".data.3")  # a crash after the first shift of the next save
         assert steps_on_disk(path) == [3, 2, 1]
         assert np.all(xser.load(path, checkpoint=2).W == 1)
@@ -146,10 +141,7 @@ class TestRotation:
         """If .data is gone (a crash between shift and publish), checkpoint 0 is the newest that exists."""
         path = str(tmp_path / "m.yaml")
         lin = model()
-        with xser.CheckpointSaver(path, keep=3) as saver:
-            for step in (1, 2):
-                lin.W[...] = step
-                saver.save(lin, step=step)
+        save_steps(path, lin, (1, 2), keep=3)
         os.rename(path + ".data", path + ".data.5")
         os.rename(path + ".data.1", path + ".data.2")
         os.rename(path + ".data.5", path + ".data.1")
@@ -230,10 +222,7 @@ class TestStructure:
         """restart=True replaces every old checkpoint with the new model's first one."""
         path = str(tmp_path / "m.yaml")
         lin = model()
-        with xser.CheckpointSaver(path, keep=3) as saver:
-            for step in (1, 2):
-                lin.W[...] = step
-                saver.save(lin, step=step)
+        save_steps(path, lin, (1, 2), keep=3)
         with xser.CheckpointSaver(path, keep=3, restart=True) as saver:
             big = Linear(5, 5)
             saver.save(big, step=1)
@@ -246,10 +235,7 @@ class TestStructure:
         """xser.save replaces the newest; older checkpoints that no longer match make it fail."""
         path = str(tmp_path / "m.yaml")
         lin = model()
-        with xser.CheckpointSaver(path, keep=3) as saver:
-            for step in (1, 2):
-                lin.W[...] = step
-                saver.save(lin, step=step)
+        save_steps(path, lin, (1, 2), keep=3)
         xser.save(xser.load(path), path)  # same structure: fine
         assert steps_on_disk(path) == [None, 1]
         other = Linear(4, 4)
@@ -363,24 +349,13 @@ class TestRecovery:
 
     def test_write_error_keeps_earlier_checkpoints(self, tmp_path, monkeypatch):
         """ENOSPC at the n-th write: an XserError naming the path; earlier checkpoints intact."""
-        from xser.formats import npy
-
         path = str(tmp_path / "m.yaml")
         lin = model()
         with xser.CheckpointSaver(path, keep=3) as saver:
             for step in (1, 2):
                 lin.W[...] = step
                 saver.save(lin, step=step)
-            real = npy.NpyFormat.write
-            calls = {"n": 0}
-
-            def failing(self, p, a, known=None):
-                calls["n"] += 1
-                if calls["n"] == 2:
-                    raise OSError(28, "No space left on device", p)
-                return real(self, p, a, known)
-
-            monkeypatch.setattr(npy.NpyFormat, "write", failing)
+            fail_nth_write(monkeypatch, 2)
             lin.W[...] = 3
             lin.b[...] = 3
             with pytest.raises(xser.DataError, match=r"m.yaml.data.tmp-.*: cannot write data directory: No space left on device"):

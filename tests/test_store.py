@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import xser
 from components import Linear
+from helpers import fail_nth_write
 from xser.commit import publish, stage
 from xser.store import DataDir
 
@@ -223,18 +224,7 @@ class TestAtomicWrite:
         lin = Linear(2, 3)
         xser.save(lin, path)
         before = xser.read_params(path)
-        from xser.formats import npy
-
-        calls = {"n": 0}
-        real = npy.NpyFormat.write
-
-        def failing(self, p, a, known=None):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise OSError(28, "No space left on device", p)
-            return real(self, p, a, known)
-
-        monkeypatch.setattr(npy.NpyFormat, "write", failing)
+        fail_nth_write(monkeypatch, 2)
         lin.W[...] = 1.0
         lin.b[...] = 1.0
         with pytest.raises(xser.DataError, match="No space left on device"):

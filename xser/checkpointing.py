@@ -22,7 +22,7 @@ from .commit import ModelLock, clean_temporaries, fsync_dir, plain_json, publish
 from .errors import CheckpointError, DataError, Location
 from .serialize import to_tree
 from .spec import dump
-from .store import OLD_MARK, DataDir, ParamEntry, data_dir_of, read_manifest
+from .store import OLD_MARK, DataDir, ParamEntry, data_dir_of, read_manifest, siblings
 
 __all__ = [
     "AnyOf",
@@ -60,15 +60,9 @@ class Checkpoint:
 
 def _slots(spec_path: str) -> list[tuple[int, str]]:
     """(slot number, directory) of every ``<model>.data[.N]`` directory, by slot."""
-    spec_path = os.fspath(spec_path)
-    parent = os.path.dirname(os.path.abspath(spec_path))
-    base = os.path.basename(spec_path) + ".data"
-    pattern = re.compile(re.escape(base) + r"(?:\.([0-9]+))?")
+    parent, base, names = siblings(spec_path)
+    pattern = re.compile(re.escape(base + ".data") + r"(?:\.([0-9]+))?")
     out = []
-    try:
-        names = os.listdir(parent)
-    except FileNotFoundError:
-        return out
     for name in names:
         m = pattern.fullmatch(name)
         if m and os.path.isdir(os.path.join(parent, name)):

@@ -25,7 +25,7 @@ from . import _version
 from .errors import CheckpointError, DataError, Location
 from .formats import FORMATS
 from .formats.npy import DEFAULT_CHECKSUM, describe_dtype
-from .store import FORMAT_VERSION, MANIFEST, OLD_MARK, TMP_MARK, DataDir, ParamEntry, pool
+from .store import FORMAT_VERSION, MANIFEST, OLD_MARK, TMP_MARK, DataDir, ParamEntry, pool, siblings
 
 try:
     import fcntl
@@ -325,14 +325,9 @@ def clean_temporaries(spec_path: str) -> list[str]:
 
     Call only while holding the model's lock (no live saver is using them then).
     """
-    parent = os.path.dirname(os.path.abspath(spec_path)) or "."
-    base = os.path.basename(spec_path)
+    parent, base, names = siblings(spec_path)
     prefixes = (base + TMP_MARK, base + ".data" + TMP_MARK, base + ".data" + OLD_MARK)
     removed = []
-    try:
-        names = os.listdir(parent)
-    except FileNotFoundError:
-        return removed
     for name in names:
         if name.startswith(prefixes):
             full = os.path.join(parent, name)

@@ -48,6 +48,17 @@ def data_dir_of(spec_path: str | os.PathLike, checkpoint: int = 0) -> str:
     return base if checkpoint == 0 else f"{base}.{checkpoint}"
 
 
+def siblings(spec_path: str | os.PathLike) -> tuple[str, str, list[str]]:
+    """(parent directory, spec file name, names in the parent) for a model's spec path."""
+    spec_path = os.fspath(spec_path)
+    parent = os.path.dirname(os.path.abspath(spec_path))
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        names = []
+    return parent, os.path.basename(spec_path), names
+
+
 @attrs.frozen
 class Block:
     """One file holding (part of) a parameter. ``start``/``shape`` are reserved for partitioned layouts."""
