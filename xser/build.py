@@ -18,9 +18,9 @@ import numpy as np
 from . import typecheck
 from .errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
-from .refs import NotFound, Resolver, parse_path
+from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from .registry import lookup
-from .spec import Doc, Tagged, children, format_path, iter_tagged
+from .spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
 from .store import DataDir
 
 __all__ = ["ExperimentSpec", "build", "build_spec", "Store"]
@@ -151,15 +151,8 @@ def substitute(node: Any, values: dict[str, Any], doc: Doc, loc: Location | None
             return str(values[name])
 
         return _PLACEHOLDER.sub(repl, node)
-    _rewrite_children(node, lambda k, v: substitute(v, values, doc, doc.where(node, k)))
+    rewrite_children(node, lambda k, v: substitute(v, values, doc, doc.where(node, k)))
     return node
-
-
-def _rewrite_children(node: Any, fn: Any) -> None:
-    """Replace each child ``v`` at key ``k`` of a tree node by ``fn(k, v)``, in place."""
-    target = node.args if isinstance(node, Tagged) else node
-    for k, v in list(children(node)):
-        target[k] = fn(k, v)
 
 
 # ---------------------------------------------------------------- the builder
@@ -203,7 +196,7 @@ class Builder:
     def expand_loads(self, node: Any, path: tuple, outer_ids: set[str]) -> Any:
         if isinstance(node, Tagged) and node.tag == "!LoadSerialized":
             return self._load_serialized(node, path, outer_ids)
-        _rewrite_children(node, lambda k, v: self.expand_loads(v, path + (k,), outer_ids))
+        rewrite_children(node, lambda k, v: self.expand_loads(v, path + (k,), outer_ids))
         return node
 
     def _load_serialized(self, node: Tagged, path: tuple, outer_ids: set[str]) -> Any:
@@ -233,9 +226,9 @@ class Builder:
             canon = resolver.canonical(sub_path, loc)
         except NotFound as e:
             raise SpecError(f"!LoadSerialized: path {args.get('path')!r} not found in {fname}: {e.why}", loc) from None
-        new = self._inline(resolver, canon, path, 0)
+        new = inline(resolver, canon, path)
         names = self.mark_origin(new, store)
-        self._dedupe_ids(new, outer_ids)
+        dedupe_ids(new, outer_ids)
         overwrite = args.get("overwrite", [])
         if not isinstance(overwrite, list):
             raise SpecError("!LoadSerialized: overwrite must be a list of {path, val}", self.doc.where(node, "overwrite"))
@@ -246,34 +239,6 @@ class Builder:
             new = self._overwrite(new, parse_path(item["path"], iloc), item["val"], iloc)
         store.prefetch(names)
         return self.expand_loads(new, path, outer_ids)
-
-    def _inline(self, resolver: Resolver, canon: tuple, at: tuple, depth: int) -> Any:
-        """Copy the saved subtree at ``canon`` to place ``at``, re-rooting or inlining its refs."""
-        if depth > 50:
-            raise SpecError(f"references nest too deeply while loading {format_path(canon)!r}", None)
-        new = resolver.doc.copy(resolver.node_at(canon))
-
-        def fix(n: Any, rel: tuple) -> Any:
-            if isinstance(n, Tagged) and n.tag == "!Ref":
-                kind, target = resolver.target(n, resolver.doc.where(n))
-                if kind == "value":
-                    return target
-                if target[: len(canon)] == canon:
-                    return Tagged("!Ref", {"path": format_path(at + target[len(canon):])})
-                return self._inline(resolver, target, at + rel, depth + 1)
-            _rewrite_children(n, lambda k, v: fix(v, rel + (k,)))
-            return n
-
-        return fix(new, ())
-
-    def _dedupe_ids(self, node: Any, taken: set[str]) -> None:
-        for n in iter_tagged(node):
-            xid = n.args.get("xser_id")
-            if isinstance(xid, str):
-                if xid in taken:
-                    del n.args["xser_id"]  # refs to it were already re-rooted as paths
-                else:
-                    taken.add(xid)
 
     def _overwrite(self, root: Any, path: tuple, val: Any, loc: Location | None) -> Any:
         if not path:

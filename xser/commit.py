@@ -32,9 +32,10 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ModelLock", "Staged", "clean_temporaries", "publish", "stage", "write_text_atomic"]
+__all__ = ["FromFile", "ModelLock", "Staged", "Stream", "clean_temporaries", "link_or_copy", "publish", "stage", "write_text_atomic"]
 
-Arrays = Mapping[str, Mapping[str, tuple[np.ndarray, bool]]]
+#: {subcollection: {param: (array or FromFile or Stream, trainable)}}
+Arrays = Mapping[str, Mapping[str, tuple[Any, bool]]]
 
 
 def fsync_dir(path: str) -> None:
@@ -69,6 +70,27 @@ def temp_name(target: str, mark: str = TMP_MARK) -> str:
     return f"{target}{mark}{os.getpid()}-{secrets.token_hex(4)}"
 
 
+@attrs.frozen
+class FromFile:
+    """An array that already exists as a published file: hard-linked (or copied) into place."""
+
+    path: str
+    dtype: np.dtype
+    shape: tuple
+    bytes: int
+    checksum: tuple[str, str]
+
+
+@attrs.frozen
+class Stream:
+    """An array produced chunk by chunk (``chunks()`` yields bytes in memory order)."""
+
+    dtype: np.dtype
+    shape: tuple
+    fortran: bool
+    chunks: Any  # () -> Iterable[bytes-like]
+
+
 @attrs.define
 class Staged:
     """A complete data directory under a temporary name, not yet published."""
@@ -82,16 +104,40 @@ class Staged:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _store_array(path: str, arr: np.ndarray, prev: tuple[ParamEntry, str] | None, durable: bool) -> tuple[int, str, bool]:
+def link_or_copy(src: str, dst: str) -> bool:
+    """Hard-link ``src`` to ``dst``; copy where links are impossible. True if linked."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as e:
+        if e.errno == errno.ENOENT and not os.path.exists(src):
+            raise
+    shutil.copyfile(src, dst)
+    return False
+
+
+def _store_array(path: str, arr: Any, prev: tuple[ParamEntry, str] | None, durable: bool) -> tuple[int, tuple[str, str], bool]:
     """Write one array, or hard-link it from the previous checkpoint if its bytes are unchanged."""
     npy = FORMATS["npy"]
+    if isinstance(arr, FromFile):
+        linked = link_or_copy(arr.path, path)
+        if durable and not linked:
+            _fsync_file(path)
+        return arr.bytes, arr.checksum, linked
+    if isinstance(arr, Stream):
+        from .formats.npy import header_for
+
+        size, digest = npy.write_stream(path, header_for(arr.dtype, arr.shape, arr.fortran), arr.chunks())
+        if durable:
+            _fsync_file(path)
+        return size, (DEFAULT_CHECKSUM, digest), False
     if prev is not None:
         entry, prev_file = prev
         known = npy.digest(arr)
         if entry.blocks[0].checksum == (DEFAULT_CHECKSUM, known[1]) and entry.blocks[0].bytes == known[0]:
             try:
                 os.link(prev_file, path)
-                return known[0], known[1], True
+                return known[0], (DEFAULT_CHECKSUM, known[1]), True
             except OSError:
                 pass  # no hard links here (or the file vanished): write it
         size, digest = npy.write(path, arr, known)
@@ -99,11 +145,11 @@ def _store_array(path: str, arr: np.ndarray, prev: tuple[ParamEntry, str] | None
         size, digest = npy.write(path, arr)
     if durable:
         _fsync_file(path)
-    return size, digest, False
+    return size, (DEFAULT_CHECKSUM, digest), False
 
 
-def _previous(prev: DataDir | None, sub: str, name: str, arr: np.ndarray) -> tuple[ParamEntry, str] | None:
-    if prev is None:
+def _previous(prev: DataDir | None, sub: str, name: str, arr: Any) -> tuple[ParamEntry, str] | None:
+    if prev is None or not isinstance(arr, np.ndarray):
         return None
     entry = prev.subcollections.get(sub, {}).get(name)
     if entry is None or entry.dtype != arr.dtype or entry.shape != arr.shape or entry.blocks[0].format != "npy":
@@ -111,12 +157,12 @@ def _previous(prev: DataDir | None, sub: str, name: str, arr: np.ndarray) -> tup
     return entry, os.path.join(prev.path, entry.blocks[0].file)
 
 
-def _param_entry(rel: str, arr: np.ndarray, trainable: bool, size: int, digest: str) -> dict:
+def _param_entry(rel: str, arr: Any, trainable: bool, size: int, checksum: tuple[str, str]) -> dict:
     return {
         "dtype": describe_dtype(arr.dtype),
         "shape": list(arr.shape),
         "trainable": bool(trainable),
-        "blocks": [{"file": rel, "format": "npy", "bytes": size, DEFAULT_CHECKSUM: digest}],
+        "blocks": [{"file": rel, "format": "npy", "bytes": size, checksum[0]: checksum[1]}],
     }
 
 
@@ -163,10 +209,10 @@ def stage(
             "subcollections": {sub: {} for sub in subcols},
         }
         for sub, pname, rel, arr, trainable, fut in jobs:
-            size, digest, linked = fut.result()
+            size, checksum, linked = fut.result()
             staged.linked += linked
             staged.written += not linked
-            manifest["subcollections"][sub][pname] = _param_entry(rel, arr, trainable, size, digest)
+            manifest["subcollections"][sub][pname] = _param_entry(rel, arr, trainable, size, checksum)
         if state is not None:
             manifest["training_state"] = state
         with open(os.path.join(tmp, MANIFEST), "x", encoding="utf-8") as f:
@@ -204,8 +250,8 @@ def _stage_training_state(tmp: str, state: Any, durable: bool) -> dict:
         if isinstance(value, np.ndarray):
             key = str(len(arrays))
             rel = f"training_state/{key}.npy"
-            size, digest, _ = _store_array(os.path.join(tmp, rel), value, None, durable)
-            arrays[key] = _param_entry(rel, value, False, size, digest)
+            size, checksum, _ = _store_array(os.path.join(tmp, rel), value, None, durable)
+            arrays[key] = _param_entry(rel, value, False, size, checksum)
             return {_ARRAY_KEY: key}
         if isinstance(value, np.generic):
             return value.item()

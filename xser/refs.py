@@ -8,9 +8,9 @@ import attrs
 
 from .errors import Location, SpecError, did_you_mean
 from .registry import lookup
-from .spec import Doc, Tagged, children, format_path
+from .spec import Doc, Tagged, children, format_path, iter_tagged, rewrite_children
 
-__all__ = ["Resolver", "NotFound", "parse_path"]
+__all__ = ["NotFound", "Resolver", "dedupe_ids", "inline", "parse_path"]
 
 _MISSING = object()
 
@@ -144,3 +144,39 @@ def _field_default(node: Tagged, seg: Any) -> Any:
                 return _MISSING
             return f.default
     return _MISSING
+
+
+def inline(resolver: Resolver, canon: tuple, at: tuple, depth: int = 0) -> Any:
+    """Copy the subtree at ``canon`` for use at path ``at`` of another tree.
+
+    ``!Ref``s that stay inside the subtree are re-rooted to ``at`` (as path refs); those that
+    leave it are replaced by inlined copies of their targets; refs with a default that do not
+    resolve become the default.
+    """
+    if depth > 50:
+        raise SpecError(f"references nest too deeply while copying {format_path(canon)!r}", None)
+    new = resolver.doc.copy(resolver.node_at(canon))
+
+    def fix(n: Any, rel: tuple) -> Any:
+        if isinstance(n, Tagged) and n.tag == "!Ref":
+            kind, target = resolver.target(n, resolver.doc.where(n))
+            if kind == "value":
+                return target
+            if target[: len(canon)] == canon:
+                return Tagged("!Ref", {"path": format_path(at + target[len(canon):])})
+            return inline(resolver, target, at + rel, depth + 1)
+        rewrite_children(n, lambda k, v: fix(v, rel + (k,)))
+        return n
+
+    return fix(new, ())
+
+
+def dedupe_ids(node: Any, taken: set[str]) -> None:
+    """Drop ``xser_id``s already ``taken`` (refs to them must have been made paths); record the rest."""
+    for n in iter_tagged(node):
+        xid = n.args.get("xser_id")
+        if isinstance(xid, str):
+            if xid in taken:
+                del n.args["xser_id"]
+            else:
+                taken.add(xid)

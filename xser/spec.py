@@ -20,7 +20,7 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from .errors import Location, SpecError
 
-__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read"]
+__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "rewrite_children"]
 
 #: Upper bound on nodes produced from one document (guards against alias bombs).
 MAX_NODES = 2_000_000
@@ -63,6 +63,13 @@ def children(node: Any) -> Any:
     if isinstance(node, list):
         return enumerate(node)
     return ()
+
+
+def rewrite_children(node: Any, fn: Any) -> None:
+    """Replace each child ``v`` at key ``k`` of a tree node by ``fn(k, v)``, in place."""
+    target = node.args if isinstance(node, Tagged) else node
+    for k, v in list(children(node)):
+        target[k] = fn(k, v)
 
 
 def iter_tagged(node: Any) -> Any:

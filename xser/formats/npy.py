@@ -103,7 +103,12 @@ def byte_view(array: np.ndarray) -> np.ndarray:
 
 def _header(array: np.ndarray) -> bytes:
     """numpy's own header: version 1.0, or 2.0/3.0 when a record dtype needs them."""
-    d = npf.header_data_from_array_1_0(array)
+    return header_for(array.dtype, array.shape, bool(array.flags.f_contiguous and not array.flags.c_contiguous))
+
+
+def header_for(dtype: np.dtype, shape: tuple, fortran: bool) -> bytes:
+    """The ``.npy`` header numpy writes for an array of this dtype, shape and memory order."""
+    d = {"descr": npf.dtype_to_descr(np.dtype(dtype)), "fortran_order": bool(fortran), "shape": tuple(shape)}
     buf = io.BytesIO()
     write = getattr(_IMPL, "_write_array_header", None)  # picks 1.0, 2.0 or 3.0 (utf-8 names)
     if write is not None:
@@ -161,6 +166,19 @@ class NpyFormat:
         for start in range(0, data.size, CHUNK):
             h.update(data[start : start + CHUNK])
         return len(header) + data.size, h.hexdigest()
+
+    def write_stream(self, path: str, header: bytes, chunks) -> tuple[int, str]:
+        """Write ``header`` then each chunk (bytes-like) of a new file, hashing as it goes."""
+        h = CHECKSUMS[DEFAULT_CHECKSUM]()
+        h.update(header)
+        size = len(header)
+        with open(path, "xb") as f:
+            f.write(header)
+            for chunk in chunks:
+                h.update(chunk)
+                f.write(chunk)
+                size += chunk.nbytes if hasattr(chunk, "nbytes") else len(chunk)
+        return size, h.hexdigest()
 
     def write(self, path: str, array: np.ndarray, known: tuple[int, str] | None = None) -> tuple[int, str]:
         """Write the file; hash while writing unless the digest is ``known`` already."""
