@@ -21,6 +21,7 @@ from .checkpointing import checkpoints as checkpoints
 from .checkpointing import load_training_state as load_training_state
 from .build import ExperimentSpec as ExperimentSpec
 from .build import build as build
+from .ensemble import Ensemble as Ensemble
 from .errors import CheckpointError as CheckpointError
 from .errors import DataError as DataError
 from .errors import Location as Location
@@ -36,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointSaver",
     "DataError",
+    "Ensemble",
     "Experiment",
     "ExperimentSpec",
     "KeepBest",

@@ -469,6 +469,27 @@ def _metrics(metrics: Any) -> dict:
     return out
 
 
+def write_new_model(out: str, arrays: Mapping, spec_text: str, meta: Mapping, *, durable: bool, force: bool,
+                    training_state: Any = None) -> None:
+    """Write a complete new model at ``out`` (spec + .data) all-or-nothing, under its lock.
+
+    An existing model at ``out`` is an error unless ``force``; then it is replaced whole
+    (its older checkpoints too).
+    """
+    with ModelLock(out):
+        clean_temporaries(out)
+        existing = [p for _, p in _slots(out)]
+        if (os.path.exists(out) or existing) and not force:
+            raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
+        staged = stage(data_dir_of(out, 0), arrays, durable=durable, meta=meta, training_state=training_state)
+        try:
+            write_text_atomic(out, spec_text, durable=durable)
+            _rotate(out, staged.path, [], existing, durable)
+        except BaseException:
+            staged.discard()
+            raise
+
+
 # ---------------------------------------------------------------- training state
 
 

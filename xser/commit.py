@@ -247,7 +247,7 @@ def _stage_training_state(tmp: str, state: Any, durable: bool) -> dict:
     arrays: dict[str, dict] = {}
 
     def walk(value: Any, where: str) -> Any:
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, FromFile)):
             key = str(len(arrays))
             rel = f"training_state/{key}.npy"
             size, checksum, _ = _store_array(os.path.join(tmp, rel), value, None, durable)
