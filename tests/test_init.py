@@ -7,10 +7,10 @@ def test_public_names():
     """dir(xser) is exactly the documented API (plus module attributes)."""
     public = {n for n in dir(xser) if not n.startswith("_")}
     assert public - set(xser.__all__) <= {
-        "api", "build", "checkpointing", "commit", "errors", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
+        "api", "average", "build", "checkpointing", "commit", "convert", "ensemble", "errors", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
     }
     assert sorted(xser.__all__) == [
-        "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Experiment", "ExperimentSpec", "KeepBest",
+        "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "KeepBest",
         "KeepEvery", "KeepLast", "Location", "RegistryError", "SaveReport", "SpecError", "Subcollection", "XserError",
         "__version__", "build", "checkpoints", "load", "load_config", "load_training_state", "params", "read_params",
         "save", "serializable",

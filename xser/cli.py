@@ -44,6 +44,82 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(total: int, desc: str):
+    """A tqdm bar on a terminal (if tqdm is installed); quiet otherwise."""
+    if not sys.stderr.isatty():
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, None
+    bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    return bar.update, bar
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def cmd_avg(args: argparse.Namespace) -> int:
+    from .average import average, select
+
+    chosen = select(args.model, last=args.last, indices=args.checkpoints, best=args.best, metric=args.metric, mode=args.mode)
+    from .store import DataDir
+
+    total = sum(e.nbytes for c in chosen for p in DataDir.open(c.path).subcollections.values() for e in p.values())
+    update, bar = _progress(total, "averaging")
+    try:
+        report = average(
+            args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
+            mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=update,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    used = ", ".join(
+        f"{os.path.basename(c.path)} (step {c.step if c.step is not None else '-'}, weight {w:g})"
+        for c, w in zip(report.checkpoints, report.weights)
+    )
+    print(f"averaged {len(report.checkpoints)} checkpoints of {args.model}: {used}")
+    print(f"  {len(report.averaged)} arrays averaged in {args.accumulate}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    for name in report.copied:
+        print(f"  copied, not averaged: {name}")
+    print(f"wrote {report.out} and {report.out}.data/")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert, convert_all
+
+    kw = dict(keep_training_state=args.keep_training_state, force=args.force)
+    reports = convert_all(args.model, args.out, **kw) if args.all else [convert(args.model, args.out, checkpoint=args.checkpoint, **kw)]
+    for r in reports:
+        print(f"{os.path.basename(r.source)} -> {r.out} ({len(r.renamed)} subcollections renamed)")
+    return 0
+
+
+def cmd_ensemble(args: argparse.Namespace) -> int:
+    from .ensemble import ensemble
+
+    r = ensemble(args.models, args.out, rename=args.rename, path=args.path, force=args.force)
+    print(f"wrote {r.out}: an !Ensemble of {len(r.members)} members")
+    for (i, old), new in sorted(r.renamed.items()):
+        print(f"  member {i}: {old} renamed to {new}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
@@ -59,7 +135,42 @@ def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", type=int, default=0, metavar="K", help="show checkpoint K (0 = newest)")
 
 
+def _avg_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="saved model whose checkpoints (.data, .data.1, ...) are averaged")
+    p.add_argument("--out", required=True, help="the new model's spec path (its data goes to OUT.data/)")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--last", type=int, metavar="N", help="the N newest checkpoints")
+    sel.add_argument("--checkpoints", type=_int_list, metavar="I,J,...", help="these checkpoints (0 = newest)")
+    sel.add_argument("--best", type=int, metavar="N", help="the N best by --metric")
+    p.add_argument("--metric", help="metric recorded with the checkpoints, for --best")
+    p.add_argument("--mode", choices=("max", "min"), default="max", help="for --best: higher or lower is better")
+    p.add_argument("--weights", type=_float_list, metavar="W0,W1,...", help="weighted mean, one weight per selected checkpoint, newest first")
+    p.add_argument("--accumulate", choices=("float64", "float32"), default="float64", help="sum in this precision (float32 is faster)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="saved model")
+    p.add_argument("--out", required=True, help="the new model's spec path (with --all: OUT.0.yaml, OUT.1.yaml, ...)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", type=int, default=0, metavar="K", help="the checkpoint to convert (0 = newest)")
+    which.add_argument("--all", action="store_true", help="convert every checkpoint")
+    p.add_argument("--keep-training-state", action="store_true", help="keep the checkpoint's training_state (dropped by default)")
+    p.add_argument("--force", action="store_true", help="replace outputs that exist")
+
+
+def _ensemble_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="+", help="saved models, the members in this order")
+    p.add_argument("--out", required=True, help="the ensemble's spec path")
+    p.add_argument("--rename", action="store_true", help="give members fresh subcollection names where they clash")
+    p.add_argument("--path", default="", help="dotted path of the part of each model to use (default: the whole experiment)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+
+
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)
+COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
+COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
+COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 
@@ -75,8 +186,20 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def command_parser(name: str, prog: str) -> argparse.ArgumentParser:
+    """A stand-alone parser for one subcommand (for the scripts in scripts/)."""
+    help_text, add_args, func = COMMANDS[name]
+    p = argparse.ArgumentParser(prog=prog, description=help_text)
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    add_args(p)
+    p.set_defaults(func=func)
+    return p
+
+
+def main(argv: list[str] | None = None, *, command: str | None = None, prog: str | None = None) -> int:
+    """Run the CLI; with ``command``, run only that subcommand (as ``prog``)."""
+    ap = parser() if command is None else command_parser(command, prog or f"xser {command}")
+    args = ap.parse_args(argv)
     try:
         return args.func(args)
     except XserError as e:

@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""Make a checkpoint an independent model with fresh subcollection names (the same as `xser convert`).
+
+    python scripts/conv_checkpoints_to_model.py MODEL --out OUT [--checkpoint K | --all]
+"""
+
+import sys
+
+from xser.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], command="convert", prog="conv_checkpoints_to_model.py"))
