@@ -95,3 +95,77 @@ class TestDemo:
         """An unknown experiment name exits 1 and lists the ones there are."""
         assert main(["demo", str(tmp_path), "--experiment", "nope"]) == 1
         assert "no experiment 'nope'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def run(tmp_path):
+    path = str(tmp_path / "m.yaml")
+    m = Model(encoder=Linear(2, 3), decoder=Norm(3))
+    with xser.CheckpointSaver(path, keep=4) as saver:
+        for step in range(1, 5):
+            m.encoder.W[...] = step
+            saver.save(m, step=step, metrics={"bleu": float(step % 3)})
+    return path, m
+
+
+class TestTools:
+    def test_avg(self, run, tmp_path, capsys):
+        """xser avg writes the mean and says which checkpoints it used and what it copied."""
+        path, m = run
+        assert main(["avg", path, "--out", str(tmp_path / "avg.yaml"), "--best", "2", "--metric", "bleu"]) == 0
+        out = capsys.readouterr().out
+        assert "averaged 2 checkpoints" in out and "m.yaml.data (step 4, weight 1)" in out
+        assert f"copied, not averaged: {xser.params(m.decoder).name}/count" in out
+        assert float(xser.load(tmp_path / "avg.yaml").encoder.W.flat[0]) == 3.0  # steps 4 and 2
+
+    def test_avg_errors_exit_1(self, run, tmp_path, capsys):
+        """Bad selections exit 1 with one error line; argparse problems exit 2."""
+        path, _ = run
+        assert main(["avg", path, "--out", str(tmp_path / "a.yaml"), "--weights", "1,2"]) == 1
+        assert capsys.readouterr().err == f"error: {path}: 2 weights for 4 selected checkpoints\n"
+        with pytest.raises(SystemExit) as info:
+            main(["avg", path, "--out", "x.yaml", "--last", "1", "--best", "1"])
+        assert info.value.code == 2
+        with pytest.raises(SystemExit):
+            main(["avg", path, "--out", "x.yaml", "--checkpoints", "a,b"])
+
+    def test_convert_all_then_ensemble(self, run, tmp_path, capsys):
+        """convert --all, then ensemble the converted checkpoints: one loadable model."""
+        path, _ = run
+        assert main(["convert", path, "--all", "--out", str(tmp_path / "c" / "m.yaml")]) == 0
+        outs = [str(tmp_path / "c" / f"m.{k}.yaml") for k in range(4)]
+        assert main(["ensemble", *outs, "--out", str(tmp_path / "ens.yaml")]) == 0
+        ens = xser.load(tmp_path / "ens.yaml")
+        assert [float(mm.encoder.W.flat[0]) for mm in ens.members] == [4.0, 3.0, 2.0, 1.0]
+        assert main(["ensemble", path, path, "--out", str(tmp_path / "e2.yaml")]) == 1
+        assert "pass --rename" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("script, word", [("avg_checkpoints.py", "--best"), ("conv_checkpoints_to_model.py", "--all")])
+    def test_scripts(self, script, word):
+        """The scripts are thin wrappers with a --help a user can learn from."""
+        import os
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run([sys.executable, os.path.join(root, "scripts", script), "--help"], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith(f"usage: {script}") and word in r.stdout
+
+    def test_script_runs(self, run, tmp_path):
+        """scripts/avg_checkpoints.py does what xser avg does."""
+        import os
+
+        path, _ = run
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        r = subprocess.run(
+            [sys.executable, os.path.join(root, "scripts", "avg_checkpoints.py"), path, "--out", str(tmp_path / "s.yaml"), "--last", "2"],
+            capture_output=True, text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        assert float(xser.load(tmp_path / "s.yaml").encoder.W.flat[0]) == 3.5
+
+    def test_inspect_lists_checkpoints(self, run, capsys):
+        """inspect prints the checkpoint table with steps and metrics."""
+        path, _ = run
+        assert main(["inspect", path]) == 0
+        out = capsys.readouterr().out
+        assert "checkpoints: 4" in out and "  #  directory      step  created" in out
+        assert main(["inspect", path, "--checkpoint", "3"]) == 0

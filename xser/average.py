@@ -175,8 +175,17 @@ def _mean_stream(dirs, entries, weights, accumulate, chunk_elems, progress) -> S
     total = sum(weights)
     unit = all(w == 1.0 for w in weights)
 
+    # complex numbers are averaged as pairs of reals: multiplying or dividing by a complex
+    # weight would turn inf into nan and lose the sign of -0.0
+    acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
+
+    def parts(a: np.ndarray) -> np.ndarray:
+        if a.dtype.kind != "c":
+            return a
+        return a.view(np.dtype(a.dtype.byteorder + "f" + str(a.dtype.itemsize // 2)))
+
     def chunks():
-        wts = [acc_dtype.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision
+        wts = [acc_real.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision
         n = max(1, min(chunk_elems, size))
         acc = np.empty(n, acc_dtype)
         tmp = np.empty(n, acc_dtype)
@@ -192,15 +201,17 @@ def _mean_stream(dirs, entries, weights, accumulate, chunk_elems, progress) -> S
                     got = h.readinto(buf)
                     if got != buf.nbytes:
                         raise DataError(f"file ended early ({got} of {buf.nbytes} bytes at element {start})", Location(files[i]))
-                    src = buf.view(dtype)
+                    src = parts(buf.view(dtype))
+                    a, t = parts(acc[:m]), parts(tmp[:m])
                     if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-                        np.multiply(src, w, out=acc[:m]) if not unit else np.copyto(acc[:m], src)
+                        np.copyto(a, src) if unit else np.multiply(src, w, out=a)
                     elif unit:
-                        np.add(acc[:m], src, out=acc[:m])
+                        np.add(a, src, out=a)
                     else:
-                        np.multiply(src, w, out=tmp[:m])
-                        np.add(acc[:m], tmp[:m], out=acc[:m])
-                np.divide(acc[:m], acc_dtype.type(total), out=acc[:m])
+                        np.multiply(src, w, out=t)
+                        np.add(a, t, out=a)
+                if total != 1.0:
+                    np.divide(parts(acc[:m]), acc_real.type(total), out=parts(acc[:m]))
                 np.copyto(out[:m], acc[:m], casting="unsafe")
                 if progress is not None:
                     progress(m * dtype.itemsize * len(files))

@@ -1,0 +1,198 @@
+"""Checkpoint averaging."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import xser
+from components import Linear, Model, Norm
+from strategies import bit_equal, leaf_of
+from xser.average import average, select
+
+
+def run_of(tmp_path, values, metrics=None, keep=10):
+    """A model with one Linear and one Norm, checkpointed once per W value (newest last)."""
+    path = str(tmp_path / "m.yaml")
+    m = Model(encoder=Linear(5, 3), decoder=Norm(3))
+    with xser.CheckpointSaver(path, keep=keep) as saver:
+        for i, v in enumerate(values):
+            m.encoder.W[...] = v
+            m.decoder.count[...] = i + 1
+            saver.save(m, step=i + 1, metrics=None if metrics is None else {"bleu": metrics[i]})
+    return path, m
+
+
+class TestMean:
+    def test_unweighted_mean(self, tmp_path):
+        """The result is the elementwise mean, computed in float64 and cast back."""
+        rng = np.random.default_rng(0)
+        values = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(4)]
+        path, m = run_of(tmp_path, values)
+        report = average(path, tmp_path / "avg.yaml")
+        got = xser.load(tmp_path / "avg.yaml").encoder.W
+        assert bit_equal(got, np.mean(np.stack(values).astype(np.float64), axis=0).astype(np.float32))
+        assert len(report.checkpoints) == 4 and report.weights == (1.0,) * 4
+
+    def test_weighted_mean_in_float64(self, tmp_path):
+        """Weights multiply in the accumulator's precision, not the data's."""
+        rng = np.random.default_rng(1)
+        values = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3)]
+        path, _ = run_of(tmp_path, values)
+        average(path, tmp_path / "avg.yaml", weights=[0.5, 0.25, 3.0])  # newest first
+        v = [x.astype(np.float64) for x in values[::-1]]
+        expected = ((v[0] * 0.5 + v[1] * 0.25 + v[2] * 3.0) / 3.75).astype(np.float32)
+        assert bit_equal(xser.load(tmp_path / "avg.yaml").encoder.W, expected)
+
+    def test_integers_are_copied_from_newest(self, tmp_path):
+        """Integer arrays (step counters) are never averaged: they come from the newest selected checkpoint."""
+        path, _ = run_of(tmp_path, [1.0, 2.0, 3.0])
+        report = average(path, tmp_path / "avg.yaml", checkpoints=[1, 2])
+        assert xser.load(tmp_path / "avg.yaml").decoder.count == 2
+        assert any(c.endswith("/count") for c in report.copied)
+
+    def test_spec_is_a_drop_in_replacement(self, tmp_path):
+        """The output spec is the input's text; subcollection names are unchanged."""
+        path, m = run_of(tmp_path, [1.0, 3.0])
+        average(path, tmp_path / "avg.yaml")
+        assert Path(tmp_path / "avg.yaml").read_text() == Path(path).read_text()
+        assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 2.0)
+
+    def test_chunking_is_exact(self, tmp_path):
+        """Chunk boundaries do not change the result (a tiny memory budget forces many chunks)."""
+        rng = np.random.default_rng(2)
+        values = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3)]
+        path, _ = run_of(tmp_path, values)
+        average(path, tmp_path / "a.yaml")
+        average(path, tmp_path / "b.yaml", memory_budget=1)
+        assert bit_equal(xser.load(tmp_path / "a.yaml").encoder.W, xser.load(tmp_path / "b.yaml").encoder.W)
+
+    def test_float32_accumulation(self, tmp_path):
+        """accumulate='float32' is allowed and close to the float64 mean."""
+        path, _ = run_of(tmp_path, [1.0, 2.0, 4.0])
+        average(path, tmp_path / "a.yaml", accumulate="float32")
+        assert np.allclose(xser.load(tmp_path / "a.yaml").encoder.W, 7 / 3)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        arr=hnp.arrays(
+            st.sampled_from([np.float16, np.float32, np.float64, np.complex64, np.dtype(">f4")]),
+            hnp.array_shapes(min_dims=0, max_dims=3, max_side=5),
+        ),
+        n=st.integers(1, 5),
+    )
+    def test_mean_of_identical_checkpoints_is_the_checkpoint(self, tmp_path_factory, arr, n):
+        """Averaging identical checkpoints gives the checkpoint back, bit for bit (nan, inf and -0.0 included)."""
+        d = tmp_path_factory.mktemp("same")
+        path = str(d / "m.yaml")
+        xser.save(leaf_of({"x": arr}), path, durable=False)
+        for extra in range(1, n):  # identical copies as older checkpoints
+            shutil.copytree(path + ".data", f"{path}.data.{extra}")
+        average(path, d / "avg.yaml", durable=False)
+        (sub,) = xser.read_params(d / "avg.yaml").values()
+        assert bit_equal(sub["x"], arr)
+
+
+class TestSelection:
+    def test_last_indices_best(self, tmp_path):
+        """--last, --checkpoints and --best --metric pick the expected checkpoints (newest first)."""
+        path, _ = run_of(tmp_path, [1.0, 2.0, 3.0, 4.0], metrics=[5.0, 9.0, 1.0, 7.0])
+        assert [c.step for c in select(path, last=2)] == [4, 3]
+        assert [c.step for c in select(path, indices=[3, 0])] == [4, 1]
+        assert [c.step for c in select(path, best=2, metric="bleu")] == [4, 2]
+        assert [c.step for c in select(path, best=1, metric="bleu", mode="min")] == [3]
+
+    BAD = [
+        (dict(checkpoints=[]), "the selection is empty"),
+        (dict(checkpoints=[7]), "no checkpoint 7: the model has 3 (0 to 2)"),
+        (dict(checkpoints=[1, 1]), "checkpoint 1 is selected twice"),
+        (dict(last=0), "last must be >= 1, got 0"),
+        (dict(best=2, metric="blue"), "no checkpoint records metric 'blue' (recorded: bleu); did you mean 'bleu'?"),
+        (dict(best=2), "best needs a metric"),
+        (dict(last=1, best=1, metric="bleu"), "choose one of last, checkpoints and best"),
+    ]
+
+    @pytest.mark.parametrize("kw, message", BAD, ids=[m for _, m in BAD])
+    def test_bad_selection(self, tmp_path, kw, message):
+        """Each bad selection is a CheckpointError; nothing is written."""
+        path, _ = run_of(tmp_path, [1.0, 2.0, 3.0], metrics=[1.0, 2.0, 3.0])
+        with pytest.raises(xser.CheckpointError) as info:
+            average(path, tmp_path / "avg.yaml", **kw)
+        assert str(info.value) == f"{path}: {message}"
+        assert not os.path.exists(tmp_path / "avg.yaml")
+
+    @pytest.mark.parametrize("weights, message", [
+        ([1.0], "1 weights for 2 selected checkpoints"),
+        ([1.0, -1.0], "weights sum to zero: [1.0, -1.0]"),
+        ([1.0, float("nan")], "weights must be finite numbers, got [1.0, nan]"),
+    ])
+    def test_bad_weights(self, tmp_path, weights, message):
+        """Weights must match the selection and not sum to zero."""
+        path, _ = run_of(tmp_path, [1.0, 2.0])
+        with pytest.raises(xser.CheckpointError) as info:
+            average(path, tmp_path / "avg.yaml", weights=weights)
+        assert str(info.value) == f"{path}: {message}"
+
+    def test_single_checkpoint_is_a_copy_with_a_note(self, tmp_path):
+        """Averaging one checkpoint is allowed and says so."""
+        path, _ = run_of(tmp_path, [1.0, 2.0])
+        report = average(path, tmp_path / "avg.yaml", last=1)
+        assert "only one checkpoint selected: the average is a copy of it" in report.notes
+        assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 2.0)
+
+    def test_output_is_input(self, tmp_path):
+        """The output may not be the input."""
+        path, _ = run_of(tmp_path, [1.0])
+        with pytest.raises(xser.CheckpointError, match="the output is the input model"):
+            average(path, path)
+
+    def test_output_exists(self, tmp_path):
+        """An existing output is replaced only with force."""
+        path, _ = run_of(tmp_path, [1.0, 3.0])
+        average(path, tmp_path / "avg.yaml")
+        with pytest.raises(xser.CheckpointError, match="the output model exists"):
+            average(path, tmp_path / "avg.yaml", last=1)
+        average(path, tmp_path / "avg.yaml", last=1, force=True)
+        assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 3.0)
+
+    def test_model_without_checkpoints(self, tmp_path):
+        """A spec without data is a clear error."""
+        path, _ = run_of(tmp_path, [1.0])
+        shutil.rmtree(path + ".data")
+        with pytest.raises(xser.CheckpointError, match="the model has no checkpoints"):
+            average(path, tmp_path / "avg.yaml")
+
+
+class TestStructure:
+    def test_mismatch_names_both_sides(self, tmp_path):
+        """A parameter whose shape differs between checkpoints: the error names both checkpoints and shapes."""
+        path, m = run_of(tmp_path, [1.0, 2.0])
+        sub = xser.params(m.encoder).name
+        mp = Path(path + ".data.1", "manifest.json")
+        man = json.loads(mp.read_text())
+        man["subcollections"][sub]["W"]["shape"] = [5, 3]
+        mp.write_text(json.dumps(man))
+        with pytest.raises(xser.CheckpointError) as info:
+            average(path, tmp_path / "avg.yaml")
+        assert str(info.value) == (
+            f"{path}.data.1: {sub}: param 'W' is (3, 5) float32 in {path}.data, (5, 3) float32 in {path}.data.1"
+        )
+
+    def test_missing_subcollection(self, tmp_path):
+        """A subcollection missing in one checkpoint is named with both checkpoints."""
+        path, m = run_of(tmp_path, [1.0, 2.0])
+        sub = xser.params(m.decoder).name
+        mp = Path(path + ".data.1", "manifest.json")
+        man = json.loads(mp.read_text())
+        del man["subcollections"][sub]
+        mp.write_text(json.dumps(man))
+        with pytest.raises(xser.CheckpointError, match=f"subcollection {sub} is in {path}.data but not in {path}.data.1"):
+            average(path, tmp_path / "avg.yaml")

@@ -1,0 +1,106 @@
+"""Converting checkpoints into independent models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xser
+from components import Linear, Model, Norm
+from xser.convert import convert, convert_all, numbered
+
+
+@pytest.fixture
+def run(tmp_path):
+    path = str(tmp_path / "m.yaml")
+    m = Model(encoder=Linear(4, 3), decoder=Norm(3))
+    with xser.CheckpointSaver(path, keep=3) as saver:
+        for step in (1, 2, 3):
+            m.encoder.W[...] = step
+            saver.save(m, step=step, metrics={"bleu": float(step)}, training_state={"lr": 0.1 * step, "m": m.encoder.W * 2})
+    return path, m
+
+
+class TestConvert:
+    def test_fresh_names_same_arrays(self, tmp_path, run):
+        """A converted checkpoint has new subcollection names (spec and files) and the checkpoint's arrays."""
+        path, m = run
+        report = convert(path, tmp_path / "c.yaml", checkpoint=1)
+        old = xser.params(m.encoder).name
+        new = report.renamed[old]
+        assert new != old and new.startswith("Linear.") and len(new) == len(old)
+        text = Path(tmp_path / "c.yaml").read_text()
+        assert new in text and old not in text
+        loaded = xser.load(tmp_path / "c.yaml")
+        assert np.all(loaded.encoder.W == 2) and xser.params(loaded.encoder).name == new
+        assert os.path.isdir(tmp_path / "c.yaml.data" / new)
+
+    def test_files_are_hard_linked(self, tmp_path, run):
+        """Conversion costs no data I/O: files are hard links of the checkpoint's."""
+        path, m = run
+        report = convert(path, tmp_path / "c.yaml")
+        old = xser.params(m.encoder).name
+        a = Path(path + ".data", old, "W.npy").stat()
+        b = Path(tmp_path / "c.yaml.data", report.renamed[old], "W.npy").stat()
+        assert a.st_ino == b.st_ino
+
+    def test_copy_fallback(self, tmp_path, run, monkeypatch):
+        """Where hard links are impossible the files are copied, transparently."""
+        path, _ = run
+
+        def no_links(src, dst):
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "link", no_links)
+        convert(path, tmp_path / "c.yaml")
+        monkeypatch.undo()
+        assert np.all(xser.load(tmp_path / "c.yaml", verify=True).encoder.W == 3)
+
+    def test_all_and_side_by_side(self, tmp_path, run):
+        """--all converts every checkpoint; the results load together without name clashes."""
+        path, _ = run
+        reports = convert_all(path, tmp_path / "conv" / "model.yaml")
+        outs = [r.out for r in reports]
+        assert [os.path.basename(o) for o in outs] == ["model.0.yaml", "model.1.yaml", "model.2.yaml"]
+        models = [xser.load(o) for o in outs]
+        names = {xser.params(mm.encoder).name for mm in models}
+        assert len(names) == 3
+        assert [float(mm.encoder.W.flat[0]) for mm in models] == [3.0, 2.0, 1.0]
+        ens = xser.build({"members": [xser.spec.Tagged("!Ensemble", {"members": []})]})
+        assert ens["members"][0].members == []
+
+    def test_training_state_dropped_unless_asked(self, tmp_path, run):
+        """Thin: training state is dropped unless keep_training_state."""
+        path, _ = run
+        convert(path, tmp_path / "thin.yaml")
+        with pytest.raises(xser.CheckpointError, match="saved without training_state"):
+            xser.load_training_state(tmp_path / "thin.yaml")
+        convert(path, tmp_path / "full.yaml", checkpoint=2, keep_training_state=True)
+        state = xser.load_training_state(tmp_path / "full.yaml")
+        assert state["lr"] == pytest.approx(0.1) and np.all(state["m"] == 2)
+
+    def test_metadata_kept(self, tmp_path, run):
+        """Step and metrics of the checkpoint go with it."""
+        path, _ = run
+        convert(path, tmp_path / "c.yaml", checkpoint=2)
+        (c,) = xser.checkpoints(tmp_path / "c.yaml")
+        assert c.step == 1 and c.metrics == {"bleu": 1.0} and c.training["converted_from"] == "m.yaml.data.2"
+
+    def test_errors(self, tmp_path, run):
+        """Output equal to input, an existing output, a missing checkpoint: clear errors."""
+        path, _ = run
+        with pytest.raises(xser.CheckpointError, match="the output is the input model"):
+            convert(path, path)
+        convert(path, tmp_path / "c.yaml")
+        with pytest.raises(xser.CheckpointError, match="the output model exists"):
+            convert(path, tmp_path / "c.yaml")
+        with pytest.raises(xser.CheckpointError, match="no checkpoint 9"):
+            convert(path, tmp_path / "d.yaml", checkpoint=9)
+        assert not os.path.exists(tmp_path / "d.yaml")
+
+    def test_numbered(self):
+        """Output names for --all."""
+        assert numbered("a/model.yaml", 2) == "a/model.2.yaml" and numbered("a/model", 0) == "a/model.0.yaml"
