@@ -142,8 +142,24 @@ def _bytes(path: str) -> int:
     return total
 
 
+def probabilities(model: Classifier, x) -> np.ndarray:
+    logits = model.forward(x)
+    logits = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def ensemble_predict(ens: xser.Ensemble, x) -> np.ndarray:
+    """Average the members' class probabilities (combining outputs is model code, not xser's)."""
+    return np.mean([probabilities(member["model"], x) for member in ens.members], axis=0).argmax(axis=1)
+
+
 def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[str], None] = print) -> float:
-    """Train, save, load and evaluate one experiment of ``config``; returns the test accuracy."""
+    """Train with checkpoints, save, load, average, convert and ensemble; returns the final test accuracy."""
+    from .average import average
+    from .convert import convert_all
+    from .ensemble import ensemble
+
     experiments = xser.load_config(config)
     name = experiment or next(iter(experiments))
     if name not in experiments:
@@ -157,25 +173,48 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
     say(f"  data: {len(ytr)} training and {len(yte)} test points, {data.in_dim} features, {data.n_classes} classes")
     say(f"  model: {data.in_dim} -> {model.hidden.out_dim} -> {model.output.out_dim}, {n_params} trainable parameters")
     say(f"  test accuracy before training: {accuracy(model, xte, yte):.3f}")
+    path = exp["model_file"]
+    every = max(1, trainer.epochs // 5)
+    with xser.CheckpointSaver(path, keep=5, restart=True) as saver:
 
-    def report(epoch, loss):
-        if epoch == 1 or epoch == trainer.epochs or epoch % 5 == 0:
-            say(f"  epoch {epoch:3d}  loss {loss:.4f}  train accuracy {accuracy(model, xtr, ytr):.3f}")
+        def report(epoch, loss):
+            train_acc = accuracy(model, xtr, ytr)
+            if epoch % every == 0 or epoch == trainer.epochs:
+                saver.save(exp, step=epoch, metrics={"loss": loss, "train_accuracy": train_acc})
+                say(f"  epoch {epoch:3d}  loss {loss:.4f}  train accuracy {train_acc:.3f}  (checkpoint saved)")
 
-    trainer.train(model, xtr, ytr, report)
+        trainer.train(model, xtr, ytr, report)
     acc = accuracy(model, xte, yte)
     predictions = model.predict(xte)
     say(f"  test accuracy after training: {acc:.3f}")
-    path = exp["model_file"]
-    xser.save(exp, path, training={"epochs": trainer.epochs, "test_accuracy": acc})
-    say(f"saved {path}")
-    say(f"  and {path}.data/ ({_bytes(path + '.data')} bytes: parameters and running statistics only;")
+    say(f"saved {path} with checkpoints {', '.join(os.path.basename(c.path) for c in xser.checkpoints(path))}")
+    say(f"  ({_bytes(path + '.data')} bytes each: parameters and running statistics only;")
     say("   the activation caches and gradients on the objects were not saved)")
     again = xser.load(path)
     same = bool(np.array_equal(again["model"].predict(xte), predictions))
-    acc2 = accuracy(again["model"], xte, yte)
-    say(f"loaded it back: test accuracy {acc2:.3f}; predictions identical: {'yes' if same else 'NO'}")
-    say(f"inspect it with: xser inspect {path}")
+    say(f"loaded it back: predictions identical: {'yes' if same else 'NO'}")
     if not same:
         raise xser.DataError("the loaded model does not predict what the saved one did", xser.Location(path))
+
+    root = os.path.splitext(path)[0]
+    avg_path = f"{root}.avg.yaml"
+    average(path, avg_path, force=True)
+    converted = convert_all(path, os.path.join(outdir, "converted", os.path.basename(path)), force=True)
+    ens_path = f"{root}.ensemble.yaml"
+    ensemble([r.out for r in converted], ens_path, force=True)
+    rows = []
+    for c in xser.checkpoints(path):
+        m = xser.load(path, checkpoint=c.index)["model"]
+        rows.append((f"checkpoint {c.index} (epoch {c.step})", accuracy(m, xte, yte)))
+    rows.append((f"average of {len(converted)} checkpoints", accuracy(xser.load(avg_path)["model"], xte, yte)))
+    ens = xser.load(ens_path)
+    rows.append((f"ensemble of {len(ens.members)} checkpoints", float((ensemble_predict(ens, xte) == yte).mean())))
+    width = max(len(r[0]) for r in rows)
+    say("")
+    say(f"  {'model':<{width}}  test accuracy")
+    for label, value in rows:
+        say(f"  {label:<{width}}  {value:.3f}")
+    say("")
+    say(f"average: {avg_path}; converted checkpoints: {os.path.dirname(converted[0].out)}/; ensemble: {ens_path}")
+    say(f"inspect them with: xser inspect {path}")
     return acc
