@@ -14,12 +14,15 @@ def test_tour_runs(tmp_path):
     """The python blocks of the README, run in order against configs/toy.yaml, work."""
     readme = Path(ROOT, "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert len(blocks) >= 2
+    assert len(blocks) >= 4
     yaml_block = re.findall(r"```yaml\n(# configs/toy.yaml.*?)```", readme, re.S)[0]
     toy = Path(ROOT, "configs", "toy.yaml").read_text(encoding="utf-8")
     assert yaml_block.split("\n", 1)[1] in toy  # the README shows the shipped file
     os.makedirs(tmp_path / "configs")
     shutil.copy(os.path.join(ROOT, "configs", "toy.yaml"), tmp_path / "configs")
+    from xser import demo
+
+    demo.run(os.path.join(ROOT, "configs", "demo.yaml"), str(tmp_path / "out" / "demo"), say=lambda line: None)
     code = "\n".join(blocks) + (
         "\nassert again['model'].tied is again['model'].hidden"
         "\nnewest = xser.load('out/model.yaml')"
