@@ -104,3 +104,19 @@ class TestConvert:
     def test_numbered(self):
         """Output names for --all."""
         assert numbered("a/model.yaml", 2) == "a/model.2.yaml" and numbered("a/model", 0) == "a/model.0.yaml"
+
+
+def test_tools_keep_unknown_tags(tmp_path, run):
+    """convert, ensemble and avg work on specs whose classes this process does not know."""
+    from xser.average import average
+    from xser.ensemble import ensemble
+
+    path, _ = run
+    text = Path(path).read_text().replace("!TModel", "!SomebodyElsesModel")
+    Path(path).write_text(text)
+    convert(path, tmp_path / "c.yaml")
+    assert "!SomebodyElsesModel" in Path(tmp_path / "c.yaml").read_text()
+    ensemble([path, tmp_path / "c.yaml"], tmp_path / "e.yaml")
+    assert Path(tmp_path / "e.yaml").read_text().count("!SomebodyElsesModel") == 2
+    average(path, tmp_path / "a.yaml")
+    assert Path(tmp_path / "a.yaml").read_text() == text
