@@ -89,8 +89,13 @@ def save(
     name: str | None = None,
     training: dict | None = None,
     custom: dict | None = None,
+    blocks: dict | None = None,
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters).
+
+    ``blocks`` maps ``"subcollection/param"`` glob patterns to a block size: an int (rows per
+    block) or a tuple (rows, columns, ...). Matching parameters are stored as blocks of
+    contiguous rows (or tiles), one file each, so that row ranges load without reading the rest.
 
     Replaces the newest checkpoint; older ones (``.data.1``, ...) are kept and must still
     match the model. ``training`` and ``custom`` are JSON mappings stored in the
@@ -103,7 +108,9 @@ def save(
     path = os.fspath(path)
     with ModelLock(path):
         clean_temporaries(path)
-        save_checkpoint(obj, path, policy=None, durable=durable, name=name, training=training, custom=custom)
+        save_checkpoint(
+            obj, path, policy=None, durable=durable, name=name, training=training, custom=custom, blocks=blocks
+        )
 
 
 def load(
@@ -113,6 +120,7 @@ def load(
     strict: bool = True,
     verify: bool = False,
     checkpoint: int = 0,
+    rows: dict | None = None,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/``.
 
@@ -120,17 +128,28 @@ def load(
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
     every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``).
+    ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
+    component then holds a partial array: its first dimension is ``stop - first``).
     """
     spec = read_model_spec(path, checkpoint)
-    return build_spec(spec, mmap=mmap, verify=verify, strict=strict)
+    return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows)
 
 
 def read_params(
-    path: str | os.PathLike, *, mmap: bool = False, verify: bool = False, checkpoint: int = 0
+    path: str | os.PathLike,
+    *,
+    mmap: bool = False,
+    verify: bool = False,
+    checkpoint: int = 0,
+    rows: dict | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``{subcollection: {param: array}}`` of a saved model, without building objects."""
+    """``{subcollection: {param: array}}`` of a saved model, without building objects.
+
+    ``rows={"subcol/param": (first, stop)}`` reads only those rows of those parameters: only
+    the blocks that overlap them, and inside each only their bytes.
+    """
     from .checkpointing import checkpoint_dir
 
-    return DataDir.open(checkpoint_dir(path, checkpoint)).read_all(mmap=mmap, verify=verify)
+    return DataDir.open(checkpoint_dir(path, checkpoint)).read_all(mmap=mmap, verify=verify, rows=rows)
 
 

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from .checkpointing import Checkpoint, _listing, write_new_model
-from .commit import FromFile, Stream
+from .commit import Stream, from_entry
 from .errors import CheckpointError, DataError, Location, did_you_mean, shape_str
 from .formats.npy import read_header
 from .spec import read
@@ -196,7 +196,38 @@ class _Source:
         self.file.close()
 
 
+def _blocked(entries: list[ParamEntry]) -> bool:
+    return any(len(e.blocks) > 1 or e.blocks[0].start is not None for e in entries)
+
+
+def _mean_stream_by_rows(dirs, entries, weights, accumulate, chunk_elems, progress) -> Stream:
+    """The same mean for parameters stored in blocks: read row ranges through ``DataDir.read``."""
+    e0 = entries[0]
+    dtype = e0.dtype
+    acc_dtype = _accumulator(dtype, accumulate)
+    row = int(np.prod(e0.shape[1:], dtype=np.int64)) or 1
+    step = max(1, chunk_elems // row)
+    total = sum(weights)
+
+    def chunks():
+        wts = [np.dtype(acc_dtype.char.lower() if acc_dtype.kind == "c" else acc_dtype).type(w) for w in weights]
+        for first in range(0, e0.shape[0], step):
+            stop = min(e0.shape[0], first + step)
+            acc = None
+            for d, e, w in zip(dirs, entries, wts):
+                part = d.read(e, rows=(first, stop)).astype(acc_dtype)
+                acc = part * w if acc is None else acc + part * w
+            acc /= total
+            if progress is not None:
+                progress(acc.size * dtype.itemsize * len(dirs))
+            yield np.ascontiguousarray(acc.astype(dtype)).reshape(-1).view(np.uint8)
+
+    return Stream(dtype, e0.shape, False, chunks)
+
+
 def _mean_stream(dirs, entries, weights, accumulate, chunk_elems, progress) -> Stream:
+    if _blocked(entries) and entries[0].shape:
+        return _mean_stream_by_rows(dirs, entries, weights, accumulate, chunk_elems, progress)
     e0 = entries[0]
     dtype, size = e0.dtype, int(np.prod(e0.shape, dtype=np.int64))
     offsets, fortran = _data_offsets(dirs, entries)
@@ -299,8 +330,7 @@ def average(
                 arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress), e0.trainable)
                 averaged.append(f"{sub}/{name}")
             else:
-                b = e0.blocks[0]
-                arrays[sub][name] = (FromFile(newest._file(b.file), e0.dtype, e0.shape, b.bytes, b.checksum), e0.trainable)
+                arrays[sub][name] = (from_entry(newest, e0), e0.trainable)
                 copied.append(f"{sub}/{name}")
     notes = []
     if len(chosen) == 1:

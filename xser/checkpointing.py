@@ -301,16 +301,25 @@ class CheckpointSaver:
     """Save a model again and again as rotating checkpoints of one spec.
 
     ``keep`` is an int (keep the last N) or a policy (``KeepLast``, ``KeepBest``,
-    ``KeepEvery``, combined with ``|``); the newest checkpoint is always kept. The saver
+    ``KeepEvery``, combined with ``|``); the newest checkpoint is always kept. ``blocks``
+    maps ``"subcollection/param"`` patterns to a block size (rows, or a tuple of rows and
+    columns): matching parameters are stored as several files (see ``xser.save``). The saver
     holds ``<model>.lock`` from construction until ``close()`` (or the end of a ``with``
     block): a second saver on the same model gets a ``CheckpointError``. ``restart=True``
     starts a new model: the first save removes every existing checkpoint.
     """
 
     def __init__(
-        self, path: str | os.PathLike, keep: int | Policy = 5, *, durable: bool = True, restart: bool = False
+        self,
+        path: str | os.PathLike,
+        keep: int | Policy = 5,
+        *,
+        durable: bool = True,
+        restart: bool = False,
+        blocks: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        self.blocks = dict(blocks or {})
         self.policy = as_policy(keep)
         self.durable = durable
         self.restart = restart
@@ -353,7 +362,7 @@ class CheckpointSaver:
         report = save_checkpoint(
             obj, self.path, policy=self.policy, durable=self.durable, restart=self.restart and not self._checked,
             step=step, metrics=metrics, training=training, custom=custom, training_state=training_state, name=name,
-            check_all=not self._checked, skip_duplicates=True,
+            check_all=not self._checked, skip_duplicates=True, blocks=self.blocks,
         )
         self._checked = True
         return report
@@ -374,6 +383,7 @@ def save_checkpoint(
     name: str | None = None,
     check_all: bool = True,
     skip_duplicates: bool = False,
+    blocks: Mapping[str, Any] | None = None,
 ) -> SaveReport:
     """The one save path. ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
     from .api import experiment_name
@@ -403,11 +413,13 @@ def save_checkpoint(
                     Location(path),
                 )
     previous = DataDir.open(existing[0].path) if existing and not restart else None
-    if skip_duplicates and previous is not None and _disk_structure(previous.subcollections) == structure:
+    if skip_duplicates and not blocks and previous is not None and _disk_structure(previous.subcollections) == structure:
         if _same_bytes(arrays, previous):
             _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
             return SaveReport(True, None)
-    staged = stage(data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state)
+    staged = stage(
+        data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state, blocks=blocks
+    )
     try:
         spec_written = False
         if _read_text(path) != spec_text:
@@ -437,7 +449,10 @@ def _same_bytes(arrays: Mapping, previous: DataDir) -> bool:
 
     for sub, params in arrays.items():
         for name, (arr, _) in params.items():
-            block = previous.subcollections[sub][name].blocks[0]
+            entry = previous.subcollections[sub][name]
+            if len(entry.blocks) != 1 or entry.blocks[0].start is not None:
+                return False
+            block = entry.blocks[0]
             size, digest = FORMATS["npy"].digest(arr)
             if block.checksum != ("xxh3_64", digest) or block.bytes != size:
                 return False  # usually the first array already differs: cheap

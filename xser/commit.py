@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fnmatch
+import itertools
 import json
 import os
 import secrets
@@ -32,7 +34,7 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["FromFile", "ModelLock", "Staged", "Stream", "clean_temporaries", "link_or_copy", "publish", "stage", "write_text_atomic"]
+__all__ = ["FromFile", "FromFiles", "block_size_for", "from_entry", "ModelLock", "Staged", "Stream", "clean_temporaries", "link_or_copy", "publish", "stage", "write_text_atomic"]
 
 #: {subcollection: {param: (array or FromFile or Stream, trainable)}}
 Arrays = Mapping[str, Mapping[str, tuple[Any, bool]]]
@@ -72,13 +74,63 @@ def temp_name(target: str, mark: str = TMP_MARK) -> str:
 
 @attrs.frozen
 class FromFile:
-    """An array that already exists as a published file: hard-linked (or copied) into place."""
+    """An array (or one block of it) that exists as a published file: hard-linked (or copied)."""
 
     path: str
     dtype: np.dtype
-    shape: tuple
+    shape: tuple  # the block's shape
     bytes: int
     checksum: tuple[str, str]
+    start: tuple | None = None  # where the block sits in the parameter (None: it is the parameter)
+
+
+@attrs.frozen
+class FromFiles:
+    """A parameter stored in several published files (blocks)."""
+
+    dtype: np.dtype
+    shape: tuple
+    blocks: tuple  # of FromFile, each with its start
+
+
+def from_entry(data: DataDir, entry: ParamEntry) -> FromFile | FromFiles:
+    """A published parameter as files to link."""
+    files = tuple(
+        FromFile(data._file(b.file), entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start) for b in entry.blocks
+    )
+    if len(files) == 1 and files[0].start is None:
+        return files[0]
+    return FromFiles(entry.dtype, entry.shape, files)
+
+
+def _pieces(sub: str, name: str, item: Any, block: tuple | None) -> list[tuple[str, tuple | None, tuple | None, Any]]:
+    """(relative file, start, block shape, payload) for each file a parameter is stored in."""
+    base = f"{sub}/{name}"
+    if isinstance(item, FromFiles):
+        return [(f"{base}@{k}.npy", f.start, f.shape, f) for k, f in enumerate(item.blocks)]
+    if not isinstance(item, np.ndarray) or block is None or item.ndim == 0:
+        return [(f"{base}.npy", None, None, item)]
+    steps = tuple(block) + tuple(item.shape[len(block):])
+    ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(item.shape, steps)]
+    out = []
+    for k, start in enumerate(itertools.product(*ranges)):
+        shape = tuple(min(step, n - a) for a, step, n in zip(start, steps, item.shape))
+        view = item[tuple(slice(a, a + n) for a, n in zip(start, shape))]
+        out.append((f"{base}@{k}.npy", tuple(start), shape, view))
+    return out
+
+
+def block_size_for(blocks: Mapping[str, Any] | None, key: str) -> tuple | None:
+    """The block size (rows, or rows and columns, ...) the ``blocks`` patterns give ``sub/param``."""
+    if not blocks:
+        return None
+    for pattern, size in blocks.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            size = (size,) if isinstance(size, int) else tuple(size)
+            if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in size):
+                raise DataError(f"block size for {pattern!r} must be an int >= 1 or a tuple of them, got {size!r}")
+            return size
+    return None
 
 
 @attrs.frozen
@@ -116,7 +168,7 @@ def link_or_copy(src: str, dst: str) -> bool:
     return False
 
 
-def _store_array(path: str, arr: Any, prev: tuple[ParamEntry, str] | None, durable: bool) -> tuple[int, tuple[str, str], bool]:
+def _store_array(path: str, arr: Any, prev: tuple[Any, str] | None, durable: bool) -> tuple[int, tuple[str, str], bool]:
     """Write one array, or hard-link it from the previous checkpoint if its bytes are unchanged."""
     npy = FORMATS["npy"]
     if isinstance(arr, FromFile):
@@ -132,9 +184,9 @@ def _store_array(path: str, arr: Any, prev: tuple[ParamEntry, str] | None, durab
             _fsync_file(path)
         return size, (DEFAULT_CHECKSUM, digest), False
     if prev is not None:
-        entry, prev_file = prev
+        block, prev_file = prev
         known = npy.digest(arr)
-        if entry.blocks[0].checksum == (DEFAULT_CHECKSUM, known[1]) and entry.blocks[0].bytes == known[0]:
+        if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0]:
             try:
                 os.link(prev_file, path)
                 return known[0], (DEFAULT_CHECKSUM, known[1]), True
@@ -148,22 +200,29 @@ def _store_array(path: str, arr: Any, prev: tuple[ParamEntry, str] | None, durab
     return size, (DEFAULT_CHECKSUM, digest), False
 
 
-def _previous(prev: DataDir | None, sub: str, name: str, arr: Any) -> tuple[ParamEntry, str] | None:
+def _previous(
+    prev: DataDir | None, sub: str, name: str, arr: Any, start: tuple | None, shape: tuple | None
+) -> tuple[Any, str] | None:
+    """The previous checkpoint's block with the same place and shape, if any (a link candidate)."""
     if prev is None or not isinstance(arr, np.ndarray):
         return None
     entry = prev.subcollections.get(sub, {}).get(name)
-    if entry is None or entry.dtype != arr.dtype or entry.shape != arr.shape or entry.blocks[0].format != "npy":
+    if entry is None or entry.dtype != arr.dtype:
         return None
-    return entry, os.path.join(prev.path, entry.blocks[0].file)
+    for b in entry.blocks:
+        if b.format == "npy" and b.start == start and b.box(entry.shape)[1] == (shape if shape is not None else arr.shape):
+            return b, os.path.join(prev.path, b.file)
+    return None
 
 
-def _param_entry(rel: str, arr: Any, trainable: bool, size: int, checksum: tuple[str, str]) -> dict:
-    return {
-        "dtype": describe_dtype(arr.dtype),
-        "shape": list(arr.shape),
-        "trainable": bool(trainable),
-        "blocks": [{"file": rel, "format": "npy", "bytes": size, checksum[0]: checksum[1]}],
-    }
+def _param_entry(arr: Any, trainable: bool, blocks: list[tuple[str, tuple | None, tuple | None, int, tuple[str, str]]]) -> dict:
+    out = []
+    for rel, start, shape, size, checksum in blocks:
+        b: dict[str, Any] = {"file": rel, "format": "npy", "bytes": size, checksum[0]: checksum[1]}
+        if start is not None:
+            b["start"], b["shape"] = list(start), list(shape)
+        out.append(b)
+    return {"dtype": describe_dtype(arr.dtype), "shape": list(arr.shape), "trainable": bool(trainable), "blocks": out}
 
 
 def stage(
@@ -174,6 +233,7 @@ def stage(
     previous: DataDir | None = None,
     meta: Mapping[str, Any] | None = None,
     training_state: Any = None,
+    blocks: Mapping[str, Any] | None = None,
 ) -> Staged:
     """Write everything for ``target`` into a temporary directory beside it; manifest last.
 
@@ -191,9 +251,11 @@ def stage(
         for sub, params in subcols.items():
             os.mkdir(os.path.join(tmp, sub))
             for pname, (arr, trainable) in params.items():
-                rel = f"{sub}/{pname}{FORMATS['npy'].suffix}"
-                fut = pool().submit(_store_array, os.path.join(tmp, rel), arr, _previous(previous, sub, pname, arr), durable)
-                jobs.append((sub, pname, rel, arr, trainable, fut))
+                futs = []
+                for rel, start, shape, payload in _pieces(sub, pname, arr, block_size_for(blocks, f"{sub}/{pname}")):
+                    prev = _previous(previous, sub, pname, payload, start, shape)
+                    futs.append((rel, start, shape, pool().submit(_store_array, os.path.join(tmp, rel), payload, prev, durable)))
+                jobs.append((sub, pname, arr, trainable, futs))
         state = None
         if training_state is not None:
             state = _stage_training_state(tmp, training_state, durable)
@@ -208,11 +270,14 @@ def stage(
             "custom": meta.get("custom") or {},
             "subcollections": {sub: {} for sub in subcols},
         }
-        for sub, pname, rel, arr, trainable, fut in jobs:
-            size, checksum, linked = fut.result()
-            staged.linked += linked
-            staged.written += not linked
-            manifest["subcollections"][sub][pname] = _param_entry(rel, arr, trainable, size, checksum)
+        for sub, pname, arr, trainable, futs in jobs:
+            done = []
+            for rel, start, shape, fut in futs:
+                size, checksum, linked = fut.result()
+                staged.linked += linked
+                staged.written += not linked
+                done.append((rel, start, shape, size, checksum))
+            manifest["subcollections"][sub][pname] = _param_entry(arr, trainable, done)
         if state is not None:
             manifest["training_state"] = state
         with open(os.path.join(tmp, MANIFEST), "x", encoding="utf-8") as f:
@@ -251,7 +316,7 @@ def _stage_training_state(tmp: str, state: Any, durable: bool) -> dict:
             key = str(len(arrays))
             rel = f"training_state/{key}.npy"
             size, checksum, _ = _store_array(os.path.join(tmp, rel), value, None, durable)
-            arrays[key] = _param_entry(rel, value, False, size, checksum)
+            arrays[key] = _param_entry(value, False, [(rel, None, None, size, checksum)])
             return {_ARRAY_KEY: key}
         if isinstance(value, np.generic):
             return value.item()

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from .checkpointing import Checkpoint, checkpoint_dir, checkpoints, write_new_model
-from .commit import FromFile
+from .commit import from_entry
 from .errors import CheckpointError, Location
 from .spec import dump, iter_tagged, read
 from .store import DataDir
@@ -74,15 +74,12 @@ def spec_subcols(tree: Any) -> list[str]:
     return list(seen)
 
 
-def linked_arrays(data: DataDir, mapping: dict[str, str]) -> dict[str, dict[str, tuple[FromFile, bool]]]:
+def linked_arrays(data: DataDir, mapping: dict[str, str]) -> dict[str, dict[str, tuple[Any, bool]]]:
     """The data directory's arrays as files to link, under their new subcollection names."""
-    out: dict[str, dict[str, tuple[FromFile, bool]]] = {}
+    out: dict[str, dict[str, tuple[Any, bool]]] = {}
     for sub, params in data.subcollections.items():
         new = mapping.get(sub, sub)
-        out[new] = {}
-        for name, e in params.items():
-            b = e.blocks[0]
-            out[new][name] = (FromFile(data._file(b.file), e.dtype, e.shape, b.bytes, b.checksum), e.trainable)
+        out[new] = {name: (from_entry(data, e), e.trainable) for name, e in params.items()}
     return out
 
 
@@ -94,10 +91,7 @@ def _training_state_files(data: DataDir) -> Any:
 
     fake = {"format": "xser", "format_version": 1, "subcollections": {"ts": state.get("arrays", {})}}
     _, entries = _check_manifest(fake, os.path.join(data.path, "manifest.json"))
-    files = {
-        k: FromFile(data._file(e.blocks[0].file), e.dtype, e.shape, e.blocks[0].bytes, e.blocks[0].checksum)
-        for k, e in entries["ts"].items()
-    }
+    files = {k: from_entry(data, e) for k, e in entries["ts"].items()}
 
     def build(v: Any) -> Any:
         if isinstance(v, dict):

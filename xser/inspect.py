@@ -70,18 +70,21 @@ class ModelView:
             out.append(f"{pad}{path or '(root)'}: {t.tag} {' '.join(extra)}".rstrip())
         subs = self.data.subcollections
         n_params = sum(len(p) for p in subs.values())
-        n_bytes = sum(e.blocks[0].bytes for p in subs.values() for e in p.values())
+        n_bytes = sum(b.bytes for p in subs.values() for e in p.values() for b in e.blocks)
         out.append("")
         out.append(f"subcollections: {len(subs)}, {n_params} params, {n_bytes:,} bytes on disk")
         owners = self.spec_subcols
         for sub, params in subs.items():
             where = owners.get(sub)
-            out.append(f"  {sub}  ({'at ' + where if where else 'not used by the spec'})")
+            out.append(f"  {sub}  ({'not used by the spec' if where is None else 'at ' + (where or 'the root')})")
             width = max((len(n) for n in params), default=0)
             for pname, e in params.items():
                 shape = repr(tuple(e.shape))
                 flag = "" if e.trainable else "  (not trainable)"
-                out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {e.blocks[0].bytes:>12,} B{flag}")
+                if len(e.blocks) > 1:
+                    flag += f"  ({len(e.blocks)} blocks)"
+                size = sum(b.bytes for b in e.blocks)
+                out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {size:>12,} B{flag}")
         if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
             out.append("")
             out.extend(checkpoint_table(self.checkpoints))

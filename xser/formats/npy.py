@@ -147,6 +147,15 @@ def _where(path: str):
     return Location(path)
 
 
+def _read_exactly(f, view: np.ndarray, path: str) -> None:
+    pos = 0
+    while pos < view.size:
+        n = f.readinto(view[pos:])
+        if not n:
+            raise DataError(f"file ended after {pos} of {view.size} data bytes", _where(path))
+        pos += n
+
+
 class NpyFormat:
     name = "npy"
     suffix = ".npy"
@@ -195,36 +204,53 @@ class NpyFormat:
                 f.write(chunk)
         return (len(header) + data.size, h.hexdigest()) if h is not None else known
 
+    def read_rows(
+        self, path: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: tuple[str, str] | None
+    ) -> np.ndarray:
+        """Rows ``first:stop`` of the array; only their bytes are read (C order, no verify)."""
+        first, stop = rows
+        with open(path, "rb") as f:
+            offset, fortran = self._check(f, path, dtype, shape, size)
+            if not fortran and verify is None:
+                row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+                out = np.empty((stop - first,) + tuple(shape[1:]), dtype)
+                view = byte_view(out) if out.size else np.empty(0, np.uint8)
+                f.seek(offset + first * row_bytes)
+                _read_exactly(f, view, path)
+                return out
+        return self.read(path, dtype, shape, size, mmap=False, verify=verify)[first:stop]
+
+    def _check(self, f, path: str, dtype: np.dtype, shape: tuple, size: int) -> tuple[int, bool]:
+        """Check size and header against the manifest; return (data offset, fortran order)."""
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(path))
+        fshape, fortran, fdtype, offset = read_header(f, path)
+        if fdtype != dtype:
+            raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(path))
+        if tuple(fshape) != tuple(shape):
+            raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(path))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offset + nbytes != actual:
+            raise DataError(
+                f"header promises {nbytes} bytes of data for shape {shape_str(shape)} {dtype}, "
+                f"the file holds {actual - offset}",
+                _where(path),
+            )
+        return offset, fortran
+
     def read(
         self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
     ) -> np.ndarray:
         with open(path, "rb") as f:
-            actual = os.fstat(f.fileno()).st_size
-            if actual != size:
-                raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(path))
-            fshape, fortran, fdtype, offset = read_header(f, path)
-            if fdtype != dtype:
-                raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(path))
-            if tuple(fshape) != tuple(shape):
-                raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(path))
+            offset, fortran = self._check(f, path, dtype, shape, size)
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if offset + nbytes != actual:
-                raise DataError(
-                    f"header promises {nbytes} bytes of data for shape {shape_str(shape)} {dtype}, "
-                    f"the file holds {actual - offset}",
-                    _where(path),
-                )
             order = "F" if fortran else "C"
             if mmap and nbytes and verify is None:
                 return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
             out = np.empty(tuple(shape), dtype=dtype, order=order)
             view = byte_view(out) if nbytes else np.empty(0, np.uint8)
-            pos = 0
-            while pos < nbytes:
-                n = f.readinto(view[pos:])
-                if not n:
-                    raise DataError(f"file ended after {pos} of {nbytes} data bytes", _where(path))
-                pos += n
+            _read_exactly(f, view, path)
             if verify is not None:
                 algo, expected = verify
                 f.seek(0)
