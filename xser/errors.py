@@ -86,8 +86,10 @@ class CheckpointError(XserError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return "; did you mean 'x'?" for the closest choice, or ""."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """Return "; did you mean 'x'?" for the closest choice (same letters in another case first), or ""."""
+    choices = list(choices)
+    same = [c for c in choices if c.lower() == word.lower()]
+    close = same or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
