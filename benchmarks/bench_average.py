@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
 
 import numpy as np
 
@@ -99,7 +97,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sys.path.insert(0, HERE)
     import xser
-    from bench_save_load import Blob
+    from bench_save_load import Blob, machine_header
 
     root = tempfile.mkdtemp(prefix="xser-avgbench-", dir=args.dir)
     try:
@@ -119,8 +117,7 @@ def main(argv=None):
                 saver.save(model, step=step)
         total = rows * cols * 4 * n
         del model, sub
-        print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpus, "
-              f"python {platform.python_version()}, numpy {np.__version__}, xser {xser.__version__}")
+        print(machine_header())
         print(f"# {args.checkpoints} checkpoints of {total / 2**30:.2f} GiB ({n} float32 arrays), {args.repeats} repeats, dir {root}")
         results: dict[str, list[dict]] = {"xser": [], "xser float32": [], "reference": [], "floor": []}
         for r in range(args.repeats):

@@ -14,17 +14,15 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 
 import xser
-from bench_save_load import Blob, np_save_loop
+from bench_save_load import Blob, machine_header, np_save_loop
 
 
 def disk_bytes(root: str) -> int:
@@ -103,8 +101,7 @@ def main(argv=None):
     ap.add_argument("--dir", default=None)
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="xser-ckbench-", dir=args.dir)
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpus, "
-          f"python {platform.python_version()}, numpy {np.__version__}, xser {xser.__version__}")
+    print(machine_header())
     print(f"# {args.saves} durable saves, keep={args.keep}, {args.arrays} float32 arrays, dir {root}")
     try:
         results = [run(s, args, root) for s in ("all change", "half frozen")]

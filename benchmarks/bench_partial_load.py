@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import shutil
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 
 import xser
+from bench_save_load import machine_header
 
 
 @xser.serializable(tag="!BenchMatrix")
@@ -72,8 +71,7 @@ def main(argv=None):
         stop = first + max(1, rows // 100)
         expected = p["W"][first:stop].copy()
         del m, p
-        print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpus, "
-              f"python {platform.python_version()}, numpy {np.__version__}, xser {xser.__version__}")
+        print(machine_header())
         print(f"# {rows}x{args.cols} float32 ({args.mib} MiB), rows {first}:{stop} (1%), blocks of {args.block_rows} rows, {args.repeats} repeats")
         results = {}
         for label, path in (("single file", single), (f"blocks of {args.block_rows} rows", blocked)):

@@ -51,6 +51,12 @@ class Node:
     child: object = None
 
 
+def machine_header() -> str:
+    """The line every benchmark prints first: when, where, and with what."""
+    return (f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpus, "
+            f"python {platform.python_version()}, numpy {np.__version__}, xser {xser.__version__}")
+
+
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -124,8 +130,7 @@ def main(argv=None):
     global WARM_BYTES
     WARM_BYTES = total
     print(f"# {n} arrays of {rows}x{cols} float32 = {total / 2**30:.3f} GiB; {args.repeats} repeats; dir {root}")
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cpus, "
-          f"python {platform.python_version()}, numpy {np.__version__}, xser {xser.__version__}")
+    print(machine_header())
 
     times: dict[str, list[float]] = {}
 

@@ -420,7 +420,7 @@ def save_checkpoint(
     staged = stage(
         data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state, blocks=blocks
     )
-    try:
+    with staged.discarded_on_error("cannot publish checkpoint", path):
         spec_written = False
         if _read_text(path) != spec_text:
             write_text_atomic(path, spec_text, durable=durable)
@@ -435,12 +435,6 @@ def save_checkpoint(
             keep_dirs = [listed[i].path for i in kept if i > 0]
             drop = [c.path for c in existing if c.path not in keep_dirs]
         _rotate(path, staged.path, keep_dirs, drop, durable)
-    except OSError as e:
-        staged.discard()
-        raise DataError(f"cannot publish checkpoint: {e.strerror or e}", Location(e.filename or path)) from None
-    except BaseException:
-        staged.discard()
-        raise
     return SaveReport(False, data_dir_of(path, 0), staged.written, staged.linked, tuple(drop), spec_written)
 
 
@@ -497,12 +491,9 @@ def write_new_model(out: str, arrays: Mapping, spec_text: str, meta: Mapping, *,
         if (os.path.exists(out) or existing) and not force:
             raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
         staged = stage(data_dir_of(out, 0), arrays, durable=durable, meta=meta, training_state=training_state)
-        try:
+        with staged.discarded_on_error("cannot publish model", out):
             write_text_atomic(out, spec_text, durable=durable)
             _rotate(out, staged.path, [], existing, durable)
-        except BaseException:
-            staged.discard()
-            raise
 
 
 # ---------------------------------------------------------------- training state

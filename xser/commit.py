@@ -7,6 +7,7 @@ crash between any two steps leaves behind and how the next save recovers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fnmatch
@@ -155,6 +156,18 @@ class Staged:
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
+    @contextlib.contextmanager
+    def discarded_on_error(self, what: str, where: str):
+        """Remove the staging directory if the block fails; OS errors become a ``DataError``."""
+        try:
+            yield self
+        except OSError as e:
+            self.discard()
+            raise DataError(f"{what}: {e.strerror or e}", Location(e.filename or where)) from None
+        except BaseException:
+            self.discard()
+            raise
+
 
 def link_or_copy(src: str, dst: str) -> bool:
     """Hard-link ``src`` to ``dst``; copy where links are impossible. True if linked."""
@@ -244,7 +257,7 @@ def stage(
     parent = os.path.dirname(os.path.abspath(target))
     tmp = temp_name(target)
     staged = Staged(tmp, {})
-    try:
+    with staged.discarded_on_error("cannot write data directory", target):
         os.makedirs(parent, exist_ok=True)
         os.mkdir(tmp)
         jobs = []
@@ -292,13 +305,7 @@ def stage(
                 fsync_dir(os.path.join(tmp, "training_state"))
             fsync_dir(tmp)
         staged.manifest = manifest
-        return staged
-    except OSError as e:
-        staged.discard()
-        raise DataError(f"cannot write data directory: {e.strerror or e}", Location(e.filename or target)) from None
-    except BaseException:
-        staged.discard()
-        raise
+    return staged
 
 
 # ---------------------------------------------------------------- training state
