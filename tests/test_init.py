@@ -7,7 +7,7 @@ def test_public_names():
     """dir(xser) is exactly the documented API (plus module attributes)."""
     public = {n for n in dir(xser) if not n.startswith("_")}
     assert public - set(xser.__all__) <= {
-        "api", "average", "build", "checkpointing", "commit", "convert", "ensemble", "errors", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
+        "api", "average", "build", "checkpointing", "commit", "convert", "ensemble", "errors", "interop", "params", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
     }
     assert sorted(xser.__all__) == [
         "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "KeepBest",

@@ -479,7 +479,7 @@ def _metrics(metrics: Any) -> dict:
 
 
 def write_new_model(out: str, arrays: Mapping, spec_text: str, meta: Mapping, *, durable: bool, force: bool,
-                    training_state: Any = None) -> None:
+                    training_state: Any = None, blocks: Mapping | None = None) -> None:
     """Write a complete new model at ``out`` (spec + .data) all-or-nothing, under its lock.
 
     An existing model at ``out`` is an error unless ``force``; then it is replaced whole
@@ -490,7 +490,7 @@ def write_new_model(out: str, arrays: Mapping, spec_text: str, meta: Mapping, *,
         existing = [p for _, p in _slots(out)]
         if (os.path.exists(out) or existing) and not force:
             raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
-        staged = stage(data_dir_of(out, 0), arrays, durable=durable, meta=meta, training_state=training_state)
+        staged = stage(data_dir_of(out, 0), arrays, durable=durable, meta=meta, training_state=training_state, blocks=blocks)
         with staged.discarded_on_error("cannot publish model", out):
             write_text_atomic(out, spec_text, durable=durable)
             _rotate(out, staged.path, [], existing, durable)

@@ -120,6 +120,26 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from .interop.dismec import import_dismec
+
+    name = import_dismec(args.source, args.out, force=args.force)
+    print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .interop.dismec import export_dismec
+
+    written = export_dismec(
+        args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
+        split_files=args.split_files, checkpoint=args.checkpoint,
+    )
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
@@ -167,10 +187,31 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
 
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("system", choices=("dismec",), help="the system that wrote the model")
+    p.add_argument("source", help="for dismec: the metadata JSON file")
+    p.add_argument("out", help="the xser model to write (spec path)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("system", choices=("dismec",), help="the system to write for")
+    p.add_argument("model", help="saved xser model")
+    p.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
+    p.add_argument("out", help="for dismec: the metadata JSON file to write (weight files go beside it)")
+    p.add_argument("--format", default="DenseTXT", help="DenseTXT, SparseTXT or DenseNPY")
+    p.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
+    p.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
+    p.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
+    p.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+
+
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)
 COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
 COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
 COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
+COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++)", _import_args, cmd_import)
+COMMANDS["export"] = ("write a parameter in another system's model format (DiSMEC++)", _export_args, cmd_export)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 

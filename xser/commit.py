@@ -111,6 +111,12 @@ def _pieces(sub: str, name: str, item: Any, block: tuple | None) -> list[tuple[s
         return [(f"{base}@{k}.npy", f.start, f.shape, f) for k, f in enumerate(item.blocks)]
     if not isinstance(item, np.ndarray) or block is None or item.ndim == 0:
         return [(f"{base}.npy", None, None, item)]
+    if block and isinstance(block[0], tuple):  # explicit row ranges [(first, count), ...]
+        out = []
+        for k, (first, count) in enumerate(block):
+            shape = (count,) + item.shape[1:]
+            out.append((f"{base}@{k}.npy", (first,) + (0,) * (item.ndim - 1), shape, item[first : first + count]))
+        return out
     steps = tuple(block) + tuple(item.shape[len(block):])
     ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(item.shape, steps)]
     out = []
@@ -127,6 +133,13 @@ def block_size_for(blocks: Mapping[str, Any] | None, key: str) -> tuple | None:
         return None
     for pattern, size in blocks.items():
         if fnmatch.fnmatchcase(key, pattern):
+            if isinstance(size, list):  # explicit row ranges: [(first, count), ...], contiguous from 0
+                ranges = [tuple(int(x) for x in r) for r in size]
+                if not ranges or any(len(r) != 2 or r[1] < 1 for r in ranges) or any(
+                    b[0] != a[0] + a[1] for a, b in zip(ranges, ranges[1:])
+                ) or ranges[0][0] != 0:
+                    raise DataError(f"row ranges for {pattern!r} must be contiguous (first, count) pairs from row 0, got {size!r}")
+                return tuple(ranges)
             size = (size,) if isinstance(size, int) else tuple(size)
             if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in size):
                 raise DataError(f"block size for {pattern!r} must be an int >= 1 or a tuple of them, got {size!r}")

@@ -1,0 +1,1 @@
+"""Reading and writing the model files of other systems (DiSMEC++ so far)."""

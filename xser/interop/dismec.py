@@ -1,0 +1,312 @@
+"""DiSMEC++ models: a JSON metadata file plus weight files of contiguous label rows.
+
+Layout, byte by byte, in ``shared/research/formats.md`` section 1 (checked against files
+DiSMEC++ wrote, copied to ``tests/data/dismec/``). Import reads every weight format strictly
+(non-finite values, short rows, bad sparse indices are errors with file and line) and makes an
+xser model whose one parameter keeps DiSMEC++'s row ranges as blocks. Export writes files
+byte-identical to DiSMEC++'s own, with its naming, key order and indentation.
+
+Defects of DiSMEC++ that are not copied: weight files are resolved relative to the metadata
+file (never the working directory); a metadata file with the documented but wrong ``"weights"``
+key is refused with a message saying that DiSMEC++ reads ``"files"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, Location, did_you_mean
+from ..params import params
+from ..registry import serializable
+
+__all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
+
+FORMATS = ("DenseTXT", "SparseTXT", "DenseNPY")
+
+
+@serializable(tag="!DismecModel")
+class DismecModel:
+    """A DiSMEC++ weight matrix: one row of ``num_features`` weights per label."""
+
+    num_labels: int
+    num_features: int
+
+    def __attrs_post_init__(self):
+        self.weights = params(self).add("weights", (self.num_labels, self.num_features), init="zeros")
+
+
+@attrs.frozen
+class WeightFile:
+    first: int
+    count: int
+    file: str
+    format: str
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _meta(path: str) -> tuple[dict, list[WeightFile]]:
+    try:
+        with open(path, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise DataError("metadata file not found", Location(path)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        line = getattr(e, "lineno", None)
+        raise DataError(f"not DiSMEC++ metadata (JSON): {getattr(e, 'msg', e)}", Location(path, line, getattr(e, "colno", None))) from None
+    if not isinstance(meta, dict):
+        raise DataError("DiSMEC++ metadata must be a JSON object", Location(path))
+    if "files" not in meta:
+        if "weights" in meta:
+            raise DataError('the weight files are listed under "weights", but DiSMEC++ reads "files" (its documentation is wrong)', Location(path))
+        raise DataError('no "files" in the metadata (a model without weight files)', Location(path))
+    for key in ("num-labels", "num-features"):
+        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 0:
+            raise DataError(f"{key!r} must be a non-negative int, got {meta.get(key)!r}", Location(path))
+    files = []
+    for i, e in enumerate(meta["files"] if isinstance(meta["files"], list) else [None]):
+        where = Location(path, path=f"files.{i}")
+        if not isinstance(e, dict):
+            raise DataError('"files" must be a list of {first, count, file, weight-format}', where)
+        try:
+            wf = WeightFile(int(e["first"]), int(e["count"]), str(e["file"]), str(e["weight-format"]))
+        except KeyError as k:
+            raise DataError(f"missing {k.args[0]!r}", where) from None
+        if wf.format not in FORMATS:
+            raise DataError(f"unknown weight-format {wf.format!r} (known: {', '.join(FORMATS)}){did_you_mean(wf.format, FORMATS)}", where)
+        if wf.count < 0 or wf.first < 0:
+            raise DataError(f"first and count must be >= 0, got {wf.first} and {wf.count}", where)
+        files.append(wf)
+    files.sort(key=lambda w: w.first)
+    nxt = 0
+    for wf in files:
+        if wf.first < nxt:
+            raise DataError(f"weight files overlap: {wf.file} starts at label {wf.first}, before {nxt}", Location(path))
+        if wf.first > nxt:
+            raise DataError(f"labels {nxt} to {wf.first - 1} are in no weight file", Location(path))
+        nxt = wf.first + wf.count
+    if nxt != meta["num-labels"]:
+        raise DataError(f"weight files cover {nxt} labels, num-labels is {meta['num-labels']}", Location(path))
+    return meta, files
+
+
+def _resolve(meta_path: str, name: str) -> str:
+    if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        raise DataError(f"weight file {name!r} must be a path relative to the metadata file, inside its directory", Location(meta_path))
+    return os.path.join(os.path.dirname(os.path.abspath(meta_path)), name)
+
+
+def _number(token: str, path: str, line: int) -> float:
+    try:
+        v = float(token)
+    except ValueError:
+        raise DataError(f"not a number: {token!r}", Location(path, line)) from None
+    if not math.isfinite(v):
+        raise DataError(f"non-finite value {token!r}", Location(path, line))
+    return v
+
+
+def _read_dense_text(path: str, count: int, features: int) -> np.ndarray:
+    out = np.empty((count, features), np.float32)
+    with open(path, encoding="ascii", errors="replace") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != count:
+        raise DataError(f"{len(lines)} rows, the metadata says {count}", Location(path, min(len(lines), count) + 1))
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        if len(tokens) != features:
+            raise DataError(f"row has {len(tokens)} values, expected {features}", Location(path, i + 1))
+        out[i] = [_number(t, path, i + 1) for t in tokens]
+    return out
+
+
+def _read_sparse_text(path: str, count: int, features: int) -> np.ndarray:
+    out = np.zeros((count, features), np.float32)
+    with open(path, encoding="ascii", errors="replace") as f:
+        lines = f.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) != count:
+        raise DataError(f"{len(lines)} rows, the metadata says {count}", Location(path, min(len(lines), count) + 1))
+    for i, line in enumerate(lines):
+        last = -1
+        for tok in line.split():
+            j, sep, v = tok.partition(":")
+            if not sep or not j.lstrip("-").isdigit():
+                raise DataError(f"expected index:value, got {tok!r}", Location(path, i + 1))
+            j = int(j)
+            if not 0 <= j < features:
+                raise DataError(f"index {j} is outside 0..{features - 1}", Location(path, i + 1))
+            if j <= last:
+                raise DataError(f"index {j} after {last}: indices must ascend", Location(path, i + 1))
+            out[i, j] = _number(v, path, i + 1)
+            last = j
+    return out
+
+
+def _read_npy(path: str, count: int, features: int) -> np.ndarray:
+    from ..formats.npy import read_header
+
+    with open(path, "rb") as f:
+        shape, fortran, dtype, offset = read_header(f, path)
+        if dtype != np.dtype("<f4") or fortran or tuple(shape) != (count, features):
+            raise DataError(
+                f"expected a C-order <f4 array of shape ({count}, {features}), found {'Fortran-order ' if fortran else ''}{dtype.str} {tuple(shape)}",
+                Location(path),
+            )
+        data = f.read()
+    if len(data) != count * features * 4:
+        raise DataError(f"file holds {len(data)} data bytes, expected {count * features * 4}", Location(path))
+    return np.frombuffer(data, "<f4").reshape(count, features).copy()
+
+
+_READERS = {"DenseTXT": _read_dense_text, "SparseTXT": _read_sparse_text, "DenseNPY": _read_npy}
+
+
+def read_dismec(meta_path: str | os.PathLike) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
+    """The metadata and each weight file's rows, checked."""
+    meta_path = os.fspath(meta_path)
+    meta, files = _meta(meta_path)
+    out = []
+    for wf in files:
+        path = _resolve(meta_path, wf.file)
+        if not os.path.isfile(path):
+            raise DataError(f"weight file {wf.file!r} not found (resolved relative to the metadata file)", Location(path))
+        out.append((wf, _READERS[wf.format](path, wf.count, meta["num-features"])))
+    return meta, out
+
+
+def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
+    """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name."""
+    from ..api import SPEC_FORMAT, spec_header
+    from ..checkpointing import write_new_model
+    from ..convert import fresh_names
+    from ..spec import Tagged, dump
+
+    meta_path, out = os.fspath(meta_path), os.fspath(out)
+    meta, parts = read_dismec(meta_path)
+    name = fresh_names(["DismecModel.x"], set())["DismecModel.x"]
+    weights = np.empty((meta["num-labels"], meta["num-features"]), np.float32)
+    for wf, rows in parts:
+        weights[wf.first : wf.first + wf.count] = rows
+    blocks = [(wf.first, wf.count) for wf, _ in parts]
+    tree = Tagged("!DismecModel", {"num_labels": meta["num-labels"], "num_features": meta["num-features"], "xser_subcol_name": name})
+    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(meta_path), "experiment": tree})
+    extra = {k: v for k, v in meta.items() if k not in ("files", "num-labels", "num-features")}
+    meta_out = {
+        "training": {"imported_from": os.path.abspath(meta_path), "dismec_files": [attrs.asdict(wf) for wf, _ in parts]},
+        "custom": extra.pop("custom", {}) if isinstance(extra.get("custom", {}), dict) else {},
+    }
+    meta_out["training"]["dismec_metadata"] = extra
+    write_new_model(
+        out, {name: {"weights": (weights, True)}}, text, meta_out, durable=durable, force=force,
+        blocks={f"{name}/weights": blocks} if len(blocks) > 1 else None,
+    )
+    return name
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _g(x: float, precision: int) -> str:
+    """C++ ``ostream << float`` with ``precision(P)``: printf ``%.{P}g``."""
+    return format(float(x), f".{precision}g")
+
+
+def _dense_text(rows: np.ndarray, precision: int) -> bytes:
+    return "".join(" ".join(_g(v, precision) for v in row) + "\n" for row in rows.tolist()).encode("ascii")
+
+
+def _sparse_text(rows: np.ndarray, precision: int, culling: float) -> bytes:
+    lines = []
+    for row in rows.tolist():
+        lines.append("".join(f"{j}:{_g(v, precision)} " for j, v in enumerate(row) if abs(v) > culling) + "\n")
+    return "".join(lines).encode("ascii")
+
+
+def _dismec_npy(rows: np.ndarray) -> bytes:
+    """DiSMEC++'s own .npy: version 3.0, double-quoted keys, 1 to 64 spaces of padding."""
+    d = '{"descr": "<f4", "fortran_order": False, "shape": (%d, %d)}' % rows.shape
+    pad = 64 - (13 + len(d)) % 64
+    header = (d + " " * pad + "\n").encode("latin-1")
+    return b"\x93NUMPY\x03\x00" + struct.pack("<I", len(header)) + header + rows.astype("<f4").tobytes()
+
+
+def _split(labels: int, split_files: int) -> list[tuple[int, int]]:
+    """DiSMEC++'s save_model split: N = round(labels / split) files, the last takes the rest."""
+    if labels < split_files:
+        return [(0, labels)]
+    n = max(1, math.floor(labels / split_files + 0.5))
+    ranges = [(k * split_files, split_files) for k in range(n - 1)]
+    ranges.append(((n - 1) * split_files, labels - (n - 1) * split_files))
+    return ranges
+
+
+def export_dismec(
+    model: str | os.PathLike,
+    param: str,
+    meta_out: str | os.PathLike,
+    *,
+    format: str = "DenseTXT",
+    precision: int = 6,
+    culling: float = 0.0,
+    split_files: int = 4096,
+    checkpoint: int = 0,
+    date: str | None = None,
+) -> list[str]:
+    """Write ``param`` (``"<subcollection>/<parameter>"``, a 2-D float matrix) as DiSMEC++ files.
+
+    Returns the paths written (metadata last). ``date`` defaults to now, UTC, as DiSMEC++ writes it.
+    """
+    from ..api import read_params
+
+    meta_out = os.fspath(meta_out)
+    if format not in FORMATS:
+        raise DataError(f"unknown DiSMEC++ format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
+    if split_files < 1 or precision < 1:
+        raise DataError(f"split-files and precision must be >= 1, got {split_files} and {precision}")
+    sub, _, name = param.partition("/")
+    arrays = read_params(model, checkpoint=checkpoint)
+    if name not in arrays.get(sub, {}):
+        known = [f"{s}/{n}" for s, ps in arrays.items() for n in ps]
+        raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
+    w = np.asarray(arrays[sub][name])
+    if w.ndim != 2 or w.dtype.kind != "f":
+        raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; DiSMEC++ stores a 2-D float matrix", Location(os.fspath(model)))
+    if not np.all(np.isfinite(w)):
+        raise DataError(f"{param} holds non-finite values, which DiSMEC++ cannot read back", Location(os.fspath(model)))
+    labels, features = w.shape
+    ranges = _split(labels, split_files)
+    base = os.path.basename(meta_out)
+    names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
+    os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
+    written = []
+    for (first, count), fname in zip(ranges, names):
+        rows = w[first : first + count].astype(np.float32)
+        data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
+                "DenseNPY": lambda: _dismec_npy(rows)}[format]()
+        path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
+        with open(path, "wb") as f:
+            f.write(data)
+        written.append(path)
+    meta = {
+        "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),
+        "files": [{"count": c, "file": n, "first": s, "weight-format": format} for (s, c), n in zip(ranges, names)],
+        "num-features": features,
+        "num-labels": labels,
+    }
+    with open(meta_out, "w", encoding="utf-8") as f:
+        f.write(json.dumps(meta, indent=4, sort_keys=True) + "\n")
+    written.append(meta_out)
+    return written
