@@ -121,20 +121,31 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from .interop.dismec import import_dismec
+    if args.system == "dismec":
+        from .interop.dismec import import_dismec
 
-    name = import_dismec(args.source, args.out, force=args.force)
-    print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
+        name = import_dismec(args.source, args.out, force=args.force)
+        print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
+    else:
+        from .interop.xnmt import import_xnmt
+
+        dirs = import_xnmt(args.source, args.out, force=args.force)
+        print(f"imported {args.source} as {args.out} with {len(dirs)} checkpoints ({', '.join(os.path.basename(d) for d in dirs)})")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .interop.dismec import export_dismec
+    if args.system == "dismec":
+        from .interop.dismec import export_dismec
 
-    written = export_dismec(
-        args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
-        split_files=args.split_files, checkpoint=args.checkpoint,
-    )
+        written = export_dismec(
+            args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
+            split_files=args.split_files, checkpoint=args.checkpoint,
+        )
+    else:
+        from .interop.xnmt import export_xnmt
+
+        written = export_xnmt(args.model, args.out, force=args.force)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -188,30 +199,37 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("system", choices=("dismec",), help="the system that wrote the model")
-    p.add_argument("source", help="for dismec: the metadata JSON file")
-    p.add_argument("out", help="the xser model to write (spec path)")
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
+    for name, source in (("dismec", "DiSMEC++ metadata JSON file"), ("xnmt", "XNMT saved model file (e.g. tiny.mod)")):
+        q = systems.add_parser(name, help=f"import a {source.split(' ')[0]} model", description=f"import a {source}")
+        q.add_argument("source", help=source)
+        q.add_argument("out", help="the xser model to write (spec path)")
+        q.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("system", choices=("dismec",), help="the system to write for")
-    p.add_argument("model", help="saved xser model")
-    p.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
-    p.add_argument("out", help="for dismec: the metadata JSON file to write (weight files go beside it)")
-    p.add_argument("--format", default="DenseTXT", help="DenseTXT, SparseTXT or DenseNPY")
-    p.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
-    p.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
-    p.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
-    p.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
+    q = systems.add_parser("dismec", help="one matrix as DiSMEC++ metadata and weight files")
+    q.add_argument("model", help="saved xser model")
+    q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
+    q.add_argument("out", help="the metadata JSON file to write (weight files go beside it)")
+    q.add_argument("--format", default="DenseTXT", help="DenseTXT, SparseTXT or DenseNPY")
+    q.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
+    q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
+    q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
+    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")
+    q.add_argument("model", help="saved xser model")
+    q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
 
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)
 COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
 COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
 COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
-COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++)", _import_args, cmd_import)
-COMMANDS["export"] = ("write a parameter in another system's model format (DiSMEC++)", _export_args, cmd_export)
+COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, XNMT)", _import_args, cmd_import)
+COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, XNMT)", _export_args, cmd_export)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 

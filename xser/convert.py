@@ -9,6 +9,7 @@ filesystem has no hard links), so a conversion costs no data I/O.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from typing import Any
 
@@ -30,13 +31,17 @@ class ConvertReport:
     renamed: dict  # old subcollection name -> new
 
 
+_NAME = re.compile(r"(.+)([.-])[0-9a-f]{8}")
+
+
 def fresh_names(old: list[str], taken: set[str]) -> dict[str, str]:
     """A new ``Class.<8 hex>`` for each old name, unique among ``taken`` and each other."""
     out = {}
     for name in old:
-        cls = name.rsplit(".", 1)[0] if "." in name else name
+        m = _NAME.fullmatch(name)  # Class.8hex (xser), Class-8hex (XNMT since 2020)
+        cls, sep = (m.group(1), m.group(2)) if m else (name, ".")
         while True:
-            new = f"{cls}.{secrets.token_hex(4)}"
+            new = f"{cls}{sep}{secrets.token_hex(4)}"
             if new not in taken and new != name:
                 break
         taken.add(new)

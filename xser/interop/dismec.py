@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean
-from ..params import params
+from ..params import fresh_name, params
 from ..registry import serializable
 
 __all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
@@ -191,12 +191,11 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
     """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name."""
     from ..api import SPEC_FORMAT, spec_header
     from ..checkpointing import write_new_model
-    from ..convert import fresh_names
     from ..spec import Tagged, dump
 
     meta_path, out = os.fspath(meta_path), os.fspath(out)
     meta, parts = read_dismec(meta_path)
-    name = fresh_names(["DismecModel.x"], set())["DismecModel.x"]
+    name = fresh_name(DismecModel)
     weights = np.empty((meta["num-labels"], meta["num-features"]), np.float32)
     for wf, rows in parts:
         weights[wf.first : wf.first + wf.count] = rows
