@@ -29,6 +29,7 @@ from .errors import Location as Location
 from .errors import RegistryError as RegistryError
 from .errors import SpecError as SpecError
 from .errors import XserError as XserError
+from .formats import register_format as register_format
 from .params import Subcollection as Subcollection
 from .params import params as params
 from .registry import serializable as serializable
@@ -58,6 +59,7 @@ __all__ = [
     "load_training_state",
     "params",
     "read_params",
+    "register_format",
     "save",
     "serializable",
 ]

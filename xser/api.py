@@ -90,12 +90,16 @@ def save(
     training: dict | None = None,
     custom: dict | None = None,
     blocks: dict | None = None,
+    formats: dict | None = None,
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters).
 
     ``blocks`` maps ``"subcollection/param"`` glob patterns to a block size: an int (rows per
     block) or a tuple (rows, columns, ...). Matching parameters are stored as blocks of
     contiguous rows (or tiles), one file each, so that row ranges load without reading the rest.
+    ``formats`` maps patterns to a weight format name (``"dense-text"``, ``"sparse-text"``, a
+    registered one), or to ``(name, {options})`` such as ``("sparse-text", {"threshold": 1e-3})``;
+    it overrides the format a component declared with ``add(..., format=...)``.
 
     Replaces the newest checkpoint; older ones (``.data.1``, ...) are kept and must still
     match the model. ``training`` and ``custom`` are JSON mappings stored in the
@@ -109,7 +113,8 @@ def save(
     with ModelLock(path):
         clean_temporaries(path)
         save_checkpoint(
-            obj, path, policy=None, durable=durable, name=name, training=training, custom=custom, blocks=blocks
+            obj, path, policy=None, durable=durable, name=name, training=training, custom=custom, blocks=blocks,
+            formats=formats,
         )
 
 

@@ -303,7 +303,8 @@ class CheckpointSaver:
     ``keep`` is an int (keep the last N) or a policy (``KeepLast``, ``KeepBest``,
     ``KeepEvery``, combined with ``|``); the newest checkpoint is always kept. ``blocks``
     maps ``"subcollection/param"`` patterns to a block size (rows, or a tuple of rows and
-    columns): matching parameters are stored as several files (see ``xser.save``). The saver
+    columns): matching parameters are stored as several files; ``formats`` maps patterns to
+    weight formats (see ``xser.save``). The saver
     holds ``<model>.lock`` from construction until ``close()`` (or the end of a ``with``
     block): a second saver on the same model gets a ``CheckpointError``. ``restart=True``
     starts a new model: the first save removes every existing checkpoint.
@@ -317,9 +318,11 @@ class CheckpointSaver:
         durable: bool = True,
         restart: bool = False,
         blocks: Mapping[str, Any] | None = None,
+        formats: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.blocks = dict(blocks or {})
+        self.formats = dict(formats or {})
         self.policy = as_policy(keep)
         self.durable = durable
         self.restart = restart
@@ -362,7 +365,7 @@ class CheckpointSaver:
         report = save_checkpoint(
             obj, self.path, policy=self.policy, durable=self.durable, restart=self.restart and not self._checked,
             step=step, metrics=metrics, training=training, custom=custom, training_state=training_state, name=name,
-            check_all=not self._checked, skip_duplicates=True, blocks=self.blocks,
+            check_all=not self._checked, skip_duplicates=True, blocks=self.blocks, formats=self.formats,
         )
         self._checked = True
         return report
@@ -384,12 +387,17 @@ def save_checkpoint(
     check_all: bool = True,
     skip_duplicates: bool = False,
     blocks: Mapping[str, Any] | None = None,
+    formats: Mapping[str, Any] | None = None,
 ) -> SaveReport:
     """The one save path. ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
     from .api import experiment_name
 
     tree, subcols = to_tree(obj)
     arrays = {sub_name: sub.current() for sub_name, (sub, _) in subcols.items()}
+    declared = {f"{n}/{d.name}": d.format for n, (sub, _) in subcols.items() for d in sub.decls.values() if d.format}
+    formats = dict(formats or {})  # patterns are tried in order: what save() says wins over the declaration
+    for key, fmt in declared.items():
+        formats.setdefault(key, fmt)
     meta = {
         "step": _step(step),
         "metrics": _metrics(metrics),
@@ -413,12 +421,13 @@ def save_checkpoint(
                     Location(path),
                 )
     previous = DataDir.open(existing[0].path) if existing and not restart else None
-    if skip_duplicates and not blocks and previous is not None and _disk_structure(previous.subcollections) == structure:
+    if skip_duplicates and not blocks and not formats and previous is not None and _disk_structure(previous.subcollections) == structure:
         if _same_bytes(arrays, previous):
             _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
             return SaveReport(True, None)
     staged = stage(
-        data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state, blocks=blocks
+        data_dir_of(path, 0), arrays, durable=durable, previous=previous, meta=meta, training_state=training_state,
+        blocks=blocks, formats=formats,
     )
     with staged.discarded_on_error("cannot publish checkpoint", path):
         spec_written = False

@@ -25,8 +25,8 @@ import attrs
 import numpy as np
 
 from . import _version
-from .errors import CheckpointError, DataError, Location
-from .formats import FORMATS
+from .errors import CheckpointError, DataError, Location, did_you_mean
+from .formats import FORMATS, get_format
 from .formats.npy import DEFAULT_CHECKSUM, describe_dtype
 from .store import FORMAT_VERSION, MANIFEST, OLD_MARK, TMP_MARK, DataDir, ParamEntry, pool, siblings
 
@@ -83,6 +83,7 @@ class FromFile:
     bytes: int
     checksum: tuple[str, str]
     start: tuple | None = None  # where the block sits in the parameter (None: it is the parameter)
+    format: str = "npy"
 
 
 @attrs.frozen
@@ -97,25 +98,29 @@ class FromFiles:
 def from_entry(data: DataDir, entry: ParamEntry) -> FromFile | FromFiles:
     """A published parameter as files to link."""
     files = tuple(
-        FromFile(data._file(b.file), entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start) for b in entry.blocks
+        FromFile(data._file(b.file), entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format)
+        for b in entry.blocks
     )
     if len(files) == 1 and files[0].start is None:
         return files[0]
     return FromFiles(entry.dtype, entry.shape, files)
 
 
-def _pieces(sub: str, name: str, item: Any, block: tuple | None) -> list[tuple[str, tuple | None, tuple | None, Any]]:
+def _pieces(sub: str, name: str, item: Any, block: tuple | None, fmt: str) -> list[tuple[str, tuple | None, tuple | None, Any]]:
     """(relative file, start, block shape, payload) for each file a parameter is stored in."""
     base = f"{sub}/{name}"
     if isinstance(item, FromFiles):
-        return [(f"{base}@{k}.npy", f.start, f.shape, f) for k, f in enumerate(item.blocks)]
+        return [(f"{base}@{k}{FORMATS[f.format].suffix}", f.start, f.shape, f) for k, f in enumerate(item.blocks)]
+    if isinstance(item, FromFile):
+        return [(f"{base}{FORMATS[item.format].suffix}", None, None, item)]
+    suffix = FORMATS[fmt].suffix
     if not isinstance(item, np.ndarray) or block is None or item.ndim == 0:
-        return [(f"{base}.npy", None, None, item)]
+        return [(f"{base}{suffix}", None, None, item)]
     if block and isinstance(block[0], tuple):  # explicit row ranges [(first, count), ...]
         out = []
         for k, (first, count) in enumerate(block):
             shape = (count,) + item.shape[1:]
-            out.append((f"{base}@{k}.npy", (first,) + (0,) * (item.ndim - 1), shape, item[first : first + count]))
+            out.append((f"{base}@{k}{suffix}", (first,) + (0,) * (item.ndim - 1), shape, item[first : first + count]))
         return out
     steps = tuple(block) + tuple(item.shape[len(block):])
     ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(item.shape, steps)]
@@ -123,8 +128,19 @@ def _pieces(sub: str, name: str, item: Any, block: tuple | None) -> list[tuple[s
     for k, start in enumerate(itertools.product(*ranges)):
         shape = tuple(min(step, n - a) for a, step, n in zip(start, steps, item.shape))
         view = item[tuple(slice(a, a + n) for a, n in zip(start, shape))]
-        out.append((f"{base}@{k}.npy", tuple(start), shape, view))
+        out.append((f"{base}@{k}{suffix}", tuple(start), shape, view))
     return out
+
+
+def format_for(formats: Mapping[str, Any] | None, key: str) -> tuple[str, dict]:
+    """(format name, write options) the ``formats`` patterns give ``sub/param``; npy by default."""
+    for pattern, spec in (formats or {}).items():
+        if fnmatch.fnmatchcase(key, pattern):
+            name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+            if get_format(name) is None:
+                raise DataError(f"unknown weight format {name!r} for {pattern!r} (known: {', '.join(sorted(FORMATS))}){did_you_mean(str(name), FORMATS)}")
+            return name, options
+    return "npy", {}
 
 
 def block_size_for(blocks: Mapping[str, Any] | None, key: str) -> tuple | None:
@@ -194,7 +210,9 @@ def link_or_copy(src: str, dst: str) -> bool:
     return False
 
 
-def _store_array(path: str, arr: Any, prev: tuple[Any, str] | None, durable: bool) -> tuple[int, tuple[str, str], bool]:
+def _store_array(
+    path: str, arr: Any, prev: tuple[Any, str] | None, durable: bool, fmt: str = "npy", options: dict | None = None
+) -> tuple[int, tuple[str, str], bool]:
     """Write one array, or hard-link it from the previous checkpoint if its bytes are unchanged."""
     npy = FORMATS["npy"]
     if isinstance(arr, FromFile):
@@ -202,6 +220,11 @@ def _store_array(path: str, arr: Any, prev: tuple[Any, str] | None, durable: boo
         if durable and not linked:
             _fsync_file(path)
         return arr.bytes, arr.checksum, linked
+    if fmt != "npy" and isinstance(arr, np.ndarray):
+        size, digest = FORMATS[fmt].write(path, arr, **(options or {}))
+        if durable:
+            _fsync_file(path)
+        return size, (DEFAULT_CHECKSUM, digest), False
     if isinstance(arr, Stream):
         from .formats.npy import header_for
 
@@ -241,10 +264,10 @@ def _previous(
     return None
 
 
-def _param_entry(arr: Any, trainable: bool, blocks: list[tuple[str, tuple | None, tuple | None, int, tuple[str, str]]]) -> dict:
+def _param_entry(arr: Any, trainable: bool, blocks: list[tuple[str, tuple | None, tuple | None, int, tuple[str, str], str]]) -> dict:
     out = []
-    for rel, start, shape, size, checksum in blocks:
-        b: dict[str, Any] = {"file": rel, "format": "npy", "bytes": size, checksum[0]: checksum[1]}
+    for rel, start, shape, size, checksum, fmt in blocks:
+        b: dict[str, Any] = {"file": rel, "format": fmt, "bytes": size, checksum[0]: checksum[1]}
         if start is not None:
             b["start"], b["shape"] = list(start), list(shape)
         out.append(b)
@@ -260,6 +283,7 @@ def stage(
     meta: Mapping[str, Any] | None = None,
     training_state: Any = None,
     blocks: Mapping[str, Any] | None = None,
+    formats: Mapping[str, Any] | None = None,
 ) -> Staged:
     """Write everything for ``target`` into a temporary directory beside it; manifest last.
 
@@ -278,9 +302,13 @@ def stage(
             os.mkdir(os.path.join(tmp, sub))
             for pname, (arr, trainable) in params.items():
                 futs = []
-                for rel, start, shape, payload in _pieces(sub, pname, arr, block_size_for(blocks, f"{sub}/{pname}")):
-                    prev = _previous(previous, sub, pname, payload, start, shape)
-                    futs.append((rel, start, shape, pool().submit(_store_array, os.path.join(tmp, rel), payload, prev, durable)))
+                key = f"{sub}/{pname}"
+                fmt, options = format_for(formats, key)
+                for rel, start, shape, payload in _pieces(sub, pname, arr, block_size_for(blocks, key), fmt):
+                    pfmt = payload.format if isinstance(payload, FromFile) else fmt
+                    prev = _previous(previous, sub, pname, payload, start, shape) if pfmt == "npy" else None
+                    fut = pool().submit(_store_array, os.path.join(tmp, rel), payload, prev, durable, pfmt, options)
+                    futs.append((rel, start, shape, pfmt, fut))
                 jobs.append((sub, pname, arr, trainable, futs))
         state = None
         if training_state is not None:
@@ -298,11 +326,11 @@ def stage(
         }
         for sub, pname, arr, trainable, futs in jobs:
             done = []
-            for rel, start, shape, fut in futs:
+            for rel, start, shape, pfmt, fut in futs:
                 size, checksum, linked = fut.result()
                 staged.linked += linked
                 staged.written += not linked
-                done.append((rel, start, shape, size, checksum))
+                done.append((rel, start, shape, size, checksum, pfmt))
             manifest["subcollections"][sub][pname] = _param_entry(arr, trainable, done)
         if state is not None:
             manifest["training_state"] = state
@@ -336,7 +364,7 @@ def _stage_training_state(tmp: str, state: Any, durable: bool) -> dict:
             key = str(len(arrays))
             rel = f"training_state/{key}.npy"
             size, checksum, _ = _store_array(os.path.join(tmp, rel), value, None, durable)
-            arrays[key] = _param_entry(value, False, [(rel, None, None, size, checksum)])
+            arrays[key] = _param_entry(value, False, [(rel, None, None, size, checksum, getattr(value, "format", "npy"))])
             return {_ARRAY_KEY: key}
         if isinstance(value, np.generic):
             return value.item()

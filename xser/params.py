@@ -97,6 +97,7 @@ class ParamDecl:
     shape: tuple[int, ...]
     dtype: np.dtype
     trainable: bool
+    format: str | None = None  # weight format to store it in (None: npy, or what save() says)
 
 
 def _shape(shape: Any, where: str) -> tuple[int, ...]:
@@ -130,8 +131,13 @@ class Subcollection:
         init: str | Callable | np.ndarray = "zeros",
         dtype: Any = "float32",
         trainable: bool = True,
+        format: str | None = None,
     ) -> np.ndarray:
-        """Declare a parameter and return its array (from disk when loading, else initialised)."""
+        """Declare a parameter and return its array (from disk when loading, else initialised).
+
+        ``format`` names the weight format it is saved in (``"npy"``, ``"dense-text"``,
+        ``"sparse-text"`` or a registered one); ``save(..., formats=...)`` can override it.
+        """
         where = f"{self.name}: param {name!r}"
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise RegistryError(f"{self.name}: parameter name {name!r} must match {NAME_RE.pattern}")
@@ -144,11 +150,16 @@ class Subcollection:
             raise RegistryError(f"{where}: unknown dtype {dtype!r}") from None
         if dt.hasobject:
             raise RegistryError(f"{where}: object dtypes cannot be saved")
+        if format is not None:
+            from .formats import FORMATS, get_format
+
+            if get_format(format) is None:
+                raise RegistryError(f"{where}: unknown weight format {format!r} (known: {', '.join(sorted(FORMATS))})")
         if self._source is not None:
             arr = self._source.fetch(self.name, name, shape, dt)
         else:
             arr = self._initial(where, init, shape, dt)
-        self._decls[name] = ParamDecl(name, shape, dt, bool(trainable))
+        self._decls[name] = ParamDecl(name, shape, dt, bool(trainable), format)
         self._arrays[name] = arr
         return arr
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _version
 from .errors import DataError, Location, did_you_mean, shape_str
-from .formats import FORMATS
+from .formats import FORMATS, get_format
 from .formats.npy import CHECKSUMS, parse_dtype
 
 __all__ = ["DataDir", "ParamEntry", "data_dir_of", "read_manifest"]
@@ -258,7 +258,7 @@ def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
     if len(sums) != 1 or not isinstance(b[sums[0]], str):
         raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
     int(b[sums[0]], 16)
-    if b["format"] not in FORMATS:
+    if get_format(b["format"]) is None:
         near = did_you_mean(str(b["format"]), FORMATS)
         raise ValueError(f"unknown weight format {b['format']!r} (known: {', '.join(sorted(FORMATS))}){near}")
     if not isinstance(b["bytes"], int) or isinstance(b["bytes"], bool) or b["bytes"] < 0:

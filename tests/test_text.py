@@ -1,0 +1,152 @@
+"""Weight formats beyond npy: dense-text, sparse-text, user formats (xser/formats/text.py, formats/__init__.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import xser
+from components import Linear
+from strategies import bit_equal, leaf_of
+from xser.formats.text import DENSE_TEXT, SPARSE_TEXT, format_float32, parse_float32
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+class TestFloat32Text:
+    @settings(max_examples=200, deadline=None)
+    @given(hnp.arrays(np.float32, st.integers(1, 50), elements=st.floats(width=32, allow_nan=False, allow_infinity=False)))
+    def test_exact_and_equal_to_printf(self, values):
+        """The vectorised formatter writes exactly C's %+.8e, and every float32 reads back bit-exactly."""
+        chars = format_float32(values)
+        text = chars.tobytes().decode()
+        assert text == "".join(f"{float(v):+.8e} " for v in values)
+        back = np.array([float(t) for t in text.split()], np.float32)
+        assert bit_equal(back, values) or np.array_equal(back, values)  # -0.0 vs 0.0 are both kept: see below
+        assert bit_equal(parse_float32(chars), values)
+
+    def test_signed_zero_and_extremes(self):
+        """-0.0, the smallest subnormal and the largest float32 survive."""
+        v = np.array([-0.0, 0.0, 1e-45, -3.4028235e38, 1.17549435e-38], np.float32)
+        assert bit_equal(parse_float32(format_float32(v)), v)
+
+
+class TestFormatsInModels:
+    @SETTINGS
+    @given(
+        arr=hnp.arrays(st.sampled_from([np.float32, np.float64]), hnp.array_shapes(min_dims=0, max_dims=3, max_side=5)),
+        fmt=st.sampled_from(["dense-text", "sparse-text"]),
+        block=st.one_of(st.none(), st.integers(1, 4)),
+    )
+    def test_round_trip(self, tmp_path_factory, arr, fmt, block):
+        """Any float array, in either text format, whole or in blocks, loads back bit-exactly (nan, inf too)."""
+        path = str(tmp_path_factory.mktemp("t") / "m.yaml")
+        leaf = leaf_of({"x": arr})
+        xser.save(leaf, path, durable=False, formats={"*": fmt}, blocks={"*": block} if block else None)
+        got = xser.params(xser.load(path, verify=True))["x"]
+        assert got.dtype == arr.dtype and got.shape == arr.shape
+        assert np.array_equal(got, arr, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(arr))
+
+    def test_declared_format_and_override(self, tmp_path):
+        """A format declared with add(format=...) is used; save(formats=...) overrides it."""
+
+        @xser.serializable(tag="!TSparseHolder")
+        class Holder:
+            n: int = 4
+
+            def __attrs_post_init__(self):
+                xser.params(self).add("w", (self.n, self.n), format="sparse-text", init=np.eye(self.n))
+
+        try:
+            h = Holder()
+            name = xser.params(h).name
+            xser.save(h, tmp_path / "a.yaml")
+            assert (tmp_path / "a.yaml.data" / name / "w.txt").read_text().startswith("0:+1.00000000e+00 \n1:")
+            xser.save(h, tmp_path / "b.yaml", formats={"*/w": "npy"})
+            assert (tmp_path / "b.yaml.data" / name / "w.npy").exists()
+            assert np.array_equal(xser.load(tmp_path / "a.yaml").__dict__["_xser_params"]["w"], np.eye(4))
+        finally:
+            from xser.registry import _unregister
+
+            _unregister("!TSparseHolder")
+
+    def test_sparse_threshold(self, tmp_path):
+        """("sparse-text", {"threshold": t}) drops small values on purpose."""
+        lin = Linear(3, 2)
+        lin.W[...] = [[0.5, 0.001, -0.2], [0.0, 0.0, 0.0]]
+        xser.save(lin, tmp_path / "m.yaml", formats={"*/W": ("sparse-text", {"threshold": 0.01})})
+        w = xser.load(tmp_path / "m.yaml").W
+        assert w.tolist() == [[0.5, 0.0, pytest.approx(-0.2)], [0.0, 0.0, 0.0]]
+        name = xser.params(lin).name
+        assert (tmp_path / "m.yaml.data" / name / "W.txt").read_text() == "0:+5.00000000e-01 2:-2.00000003e-01 \n\n"
+
+    def test_manifest_records_the_format(self, tmp_path):
+        """Loading never needs to be told: the manifest says the format of every file."""
+        lin = Linear(3, 2)
+        xser.save(lin, tmp_path / "m.yaml", formats={"*/W": "dense-text"})
+        m = json.loads((tmp_path / "m.yaml.data" / "manifest.json").read_text())
+        blocks = m["subcollections"][xser.params(lin).name]
+        assert blocks["W"]["blocks"][0]["format"] == "dense-text" and blocks["b"]["blocks"][0]["format"] == "npy"
+
+    def test_unknown_format(self, tmp_path):
+        """An unknown format name suggests the closest one; nothing is written."""
+        with pytest.raises(xser.DataError, match="unknown weight format 'dense_text' for '\\*/W'.*did you mean 'dense-text'"):
+            xser.save(Linear(2, 2), tmp_path / "m.yaml", formats={"*/W": "dense_text"})
+        assert not (tmp_path / "m.yaml").exists()
+        with pytest.raises(xser.RegistryError, match="unknown weight format 'csv'"):
+            xser.params(Linear(1, 1)).add("v", 2, format="csv")
+
+    def test_integer_arrays_refused_by_text(self, tmp_path):
+        """Text formats store floats; an int array in one is refused."""
+        with pytest.raises(xser.DataError, match="stores floating-point arrays, not int64"):
+            xser.save(leaf_of({"i": np.arange(3)}), tmp_path / "m.yaml", formats={"*": "dense-text"})
+
+
+class TestBadText:
+    @pytest.mark.parametrize("fmt, content, shape, message", [
+        (DENSE_TEXT, b"1 2 3\n4 5\n", (2, 3), ":2: 2 values on the line, 3 expected"),
+        (DENSE_TEXT, b"1 2 3\n", (2, 3), ":2: 1 lines, 2 rows expected for shape (2, 3)"),
+        (DENSE_TEXT, b"1 2 x\n4 5 6\n", (2, 3), ":1: not a number: 'x'"),
+        (SPARSE_TEXT, b"0:1 5:2 \n\n", (2, 3), ":1: index 5 is outside 0..2"),
+        (SPARSE_TEXT, b"1:1 0:2 \n\n", (2, 3), ":1: index 0 after 1: indices must ascend"),
+        (SPARSE_TEXT, b"1;1\n\n", (2, 3), ":1: expected index:value, got '1;1'"),
+    ])
+    def test_errors(self, tmp_path, fmt, content, shape, message):
+        """Text files are checked line by line; errors name the file and line."""
+        p = tmp_path / "x.txt"
+        p.write_bytes(content)
+        with pytest.raises(xser.DataError) as info:
+            fmt.read(str(p), np.dtype("f4"), shape, len(content), mmap=False, verify=None)
+        assert str(info.value) == f"{p}{message}"
+
+
+class TestUserFormats:
+    def test_register_and_use(self, tmp_path):
+        """register_format adds a format; xser checksums its files and checks what it reads."""
+        def writer(path, array):
+            Path(path).write_bytes(array.astype("<f4").tobytes())
+
+        def reader(path, dtype, shape):
+            return np.frombuffer(Path(path).read_bytes(), "<f4").reshape(shape).astype(dtype)
+
+        xser.register_format("raw-f4", reader, writer, suffix=".f4")
+        lin = Linear(3, 2)
+        xser.save(lin, tmp_path / "m.yaml", formats={"*/W": "raw-f4"})
+        assert np.array_equal(xser.load(tmp_path / "m.yaml", verify=True).W, lin.W)
+        with pytest.raises(xser.RegistryError, match="already registered"):
+            xser.register_format("raw-f4", reader, lambda p, a: None)
+        with pytest.raises(xser.RegistryError, match="already registered"):
+            xser.register_format("npy", reader, writer)
+
+    def test_bad_reader_result(self, tmp_path):
+        """A reader that returns the wrong shape is caught with both shapes."""
+        xser.register_format("bad-reader", lambda p, d, s: np.zeros(1), lambda p, a: Path(p).write_bytes(b"x"))
+        xser.save(Linear(3, 2), tmp_path / "m.yaml", formats={"*/W": "bad-reader"})
+        with pytest.raises(xser.DataError, match=r"format 'bad-reader' read float64 \(1,\), the manifest says float32 \(2, 3\)"):
+            xser.load(tmp_path / "m.yaml")
