@@ -1,0 +1,93 @@
+"""Weight formats benchmark: write and read 20M float32 values in every format.
+
+Each format is timed through ``xser.save`` / ``xser.read_params`` on one 20000x1000 float32
+matrix (durable=False, hot page cache, medians), with time and file size as ratios to npy.
+Dense text is also compared with ``np.savetxt`` / ``np.loadtxt`` of the same matrix at the same
+precision (``%.9g``, exact for float32). Sparse text is measured on a 1%-dense matrix too.
+Partial loads have their own benchmark: bench_partial_load.py.
+
+    python benchmarks/bench_formats.py [--rows 20000] [--cols 1000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+import xser
+from bench_partial_load import Matrix
+from bench_save_load import machine_header
+
+
+def timed(fn, repeats):
+    out = []
+    for _ in range(repeats):
+        warm = np.ones(1 << 28, np.uint8)
+        del warm
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=20000)
+    ap.add_argument("--cols", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args(argv)
+    root = tempfile.mkdtemp(prefix="xser-formats-", dir=args.dir)
+    try:
+        rng = np.random.default_rng(0)
+        dense = rng.standard_normal((args.rows, args.cols), dtype=np.float32)
+        sparse = np.where(rng.random((args.rows, args.cols)) < 0.01, dense, 0).astype(np.float32)
+        print(machine_header())
+        print(f"# {args.rows}x{args.cols} float32 = {dense.size / 1e6:.0f}M values, {args.repeats} repeats, dir {root}")
+        rows = []
+        for label, matrix in (("dense matrix", dense), ("1% dense matrix", sparse)):
+            m = Matrix(args.rows, args.cols)
+            xser.params(m)["W"][...] = matrix
+            for fmt in ("npy", "dense-text", "sparse-text"):
+                counter = iter(range(1 << 30))
+
+                def save():
+                    xser.save(m, os.path.join(root, f"{fmt}-{next(counter)}", "m.yaml"), durable=False, formats={"*/W": fmt})
+
+                t_save = timed(save, args.repeats)
+                path = os.path.join(root, f"{fmt}-0", "m.yaml")
+                t_load = timed(lambda: xser.read_params(path), args.repeats)
+                (sub,) = xser.read_params(path).values()
+                assert np.array_equal(sub["W"], matrix)
+                size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path + ".data") for f in fs)
+                rows.append((label, fmt, t_save, t_load, size))
+                for k in range(args.repeats):
+                    shutil.rmtree(os.path.join(root, f"{fmt}-{k}"), ignore_errors=True)
+        txt = os.path.join(root, "savetxt.txt")
+        t_savetxt = timed(lambda: np.savetxt(txt, dense, fmt="%.9g"), 1)
+        t_loadtxt = timed(lambda: np.loadtxt(txt, dtype=np.float32), 1)
+        base = {label: (s, l, z) for label, fmt, s, l, z in rows if fmt == "npy"}
+        print("\n| matrix | format | save s | load s | MiB | save / npy | load / npy | size / npy |")
+        print("|---|---|---|---|---|---|---|---|")
+        for label, fmt, s, l, z in rows:
+            bs, bl, bz = base[label]
+            print(f"| {label} | {fmt} | {s:.3f} | {l:.3f} | {z / 2**20:.1f} | {s / bs:.2f} | {l / bl:.2f} | {z / bz:.2f} |")
+        dt = next(r for r in rows if r[0] == "dense matrix" and r[1] == "dense-text")
+        print("\n| comparison | value | target |")
+        print("|---|---|---|")
+        print(f"| np.savetxt (%.9g) s | {t_savetxt:.3f} | |")
+        print(f"| dense-text save speed-up over np.savetxt | {t_savetxt / dt[2]:.1f}x | >= 5x |")
+        print(f"| np.loadtxt s | {t_loadtxt:.3f} | |")
+        print(f"| dense-text load speed-up over np.loadtxt | {t_loadtxt / dt[3]:.1f}x | - |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
