@@ -31,6 +31,7 @@ from .errors import SpecError as SpecError
 from .errors import XserError as XserError
 from .formats import register_format as register_format
 from .params import Subcollection as Subcollection
+from .partial import PartialSaver as PartialSaver
 from .params import params as params
 from .registry import serializable as serializable
 
@@ -46,6 +47,7 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "Location",
+    "PartialSaver",
     "RegistryError",
     "SaveReport",
     "SpecError",

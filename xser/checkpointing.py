@@ -388,12 +388,20 @@ def save_checkpoint(
     skip_duplicates: bool = False,
     blocks: Mapping[str, Any] | None = None,
     formats: Mapping[str, Any] | None = None,
+    replace: Mapping[str, Any] | None = None,
 ) -> SaveReport:
-    """The one save path. ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
+    """The one save path. ``policy=None`` replaces the newest checkpoint (``xser.save``).
+
+    ``replace`` maps ``"sub/param"`` to what to store instead of the object's array (files
+    already written, for ``PartialSaver``).
+    """
     from .api import experiment_name
 
     tree, subcols = to_tree(obj)
     arrays = {sub_name: sub.current() for sub_name, (sub, _) in subcols.items()}
+    for key, item in (replace or {}).items():
+        sub_name, _, name = key.partition("/")
+        arrays[sub_name][name] = (item, arrays[sub_name][name][1])
     declared = {f"{n}/{d.name}": d.format for n, (sub, _) in subcols.items() for d in sub.decls.values() if d.format}
     formats = dict(formats or {})  # patterns are tried in order: what save() says wins over the declaration
     for key, fmt in declared.items():

@@ -1,0 +1,99 @@
+"""PartialSaver: row blocks written as they are ready, by one or several workers, then one commit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import xser
+from components import Linear
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def setup(tmp_path, rows=10):
+    lin = Linear(4, rows)
+    full = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    return lin, full, f"{xser.params(lin).name}/W", str(tmp_path / "m.yaml")
+
+
+class TestPartialSaver:
+    def test_blocks_then_finalize(self, tmp_path):
+        """Blocks in any order; finalize publishes one model holding them (and the rest of the object)."""
+        lin, full, key, path = setup(tmp_path)
+        ps = xser.PartialSaver(path, lin)
+        for first, stop in [(6, 10), (0, 3), (3, 6)]:
+            ps.write_rows(key, first, full[first:stop])
+        assert ps.missing() == {}
+        ps.finalize(training={"labels": 10})
+        m = xser.load(path, verify=True)
+        assert np.array_equal(m.W, full) and np.array_equal(m.b, lin.b)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data"]
+        assert xser.checkpoints(path)[0].training == {"labels": 10}
+
+    def test_gaps_are_refused_and_reported(self, tmp_path):
+        """missing() lists the gaps; finalize refuses them and writes nothing."""
+        lin, full, key, path = setup(tmp_path)
+        ps = xser.PartialSaver(path, lin)
+        ps.write_rows(key, 2, full[2:5])
+        ps.write_rows(key, 8, full[8:])
+        assert ps.missing() == {key: [(0, 2), (5, 8)]}
+        with pytest.raises(xser.DataError) as info:
+            ps.finalize()
+        assert str(info.value) == f"{path}.data.partial: cannot finalize: {key}: rows 0-1, 5-7 are missing"
+        assert not os.path.exists(path)
+
+    def test_overlap_is_refused(self, tmp_path):
+        """A block overlapping one already written (by any worker) is refused."""
+        lin, full, key, path = setup(tmp_path)
+        xser.PartialSaver(path, lin, worker="alpha").write_rows(key, 0, full[:5])
+        with pytest.raises(xser.DataError, match=r"rows \(4, 6\) overlap the block \(0, 5\) written by alpha"):
+            xser.PartialSaver(path, lin, worker="beta").write_rows(key, 4, full[4:6])
+
+    def test_resume(self, tmp_path):
+        """A new saver on the same path sees what an interrupted one wrote (DiSMEC++'s --continue)."""
+        lin, full, key, path = setup(tmp_path)
+        xser.PartialSaver(path, lin).write_rows(key, 0, full[:4])
+        with open(os.path.join(path + ".data.partial", key.split("/")[0], "W@4-6.npy.tmp-1-deadbeef"), "wb") as f:
+            f.write(b"half a block")  # an interrupted write: ignored
+        again = xser.PartialSaver(path, lin)
+        assert again.missing() == {key: [(4, 10)]}
+        again.write_rows(key, 4, full[4:])
+        again.finalize()
+        assert np.array_equal(xser.load(path).W, full)
+
+    def test_bad_rows(self, tmp_path):
+        """Wrong shape, dtype, range or parameter name: clear errors."""
+        lin, full, key, path = setup(tmp_path)
+        ps = xser.PartialSaver(path, lin)
+        with pytest.raises(xser.DataError, match=r"rows are \(2, 3\) float32; the parameter is \(10, 4\) float32"):
+            ps.write_rows(key, 0, np.zeros((2, 3), np.float32))
+        with pytest.raises(xser.DataError, match=r"rows are \(2, 4\) float64"):
+            ps.write_rows(key, 0, np.zeros((2, 4)))
+        with pytest.raises(xser.DataError, match=r"rows \(9, 11\) are outside the parameter's 10 rows"):
+            ps.write_rows(key, 9, full[:2])
+        with pytest.raises(xser.DataError, match=r"no parameter .*did you mean"):
+            ps.write_rows(key.lower(), 0, full[:1])
+
+    def test_several_workers(self, tmp_path):
+        """Two worker processes write their own rows; the main process finalizes."""
+        lin, full, key, path = setup(tmp_path, rows=12)
+        spec_path = str(tmp_path / "layout.yaml")
+        xser.save(lin, spec_path)  # the workers rebuild the same object layout from it
+        code = (
+            "import sys, numpy as np; sys.path.insert(0, {here!r}); import components, xser\n"
+            "lin = xser.load({spec!r})\n"
+            "ps = xser.PartialSaver({path!r}, lin, worker=sys.argv[1])\n"
+            "first, stop = int(sys.argv[2]), int(sys.argv[3])\n"
+            "ps.write_rows({key!r}, first, np.arange(first * 4, stop * 4, dtype=np.float32).reshape(-1, 4))\n"
+        ).format(here=HERE, spec=spec_path, path=path, key=key)
+        procs = [subprocess.Popen([sys.executable, "-c", code, w, str(a), str(b)]) for w, a, b in [("w0", 0, 6), ("w1", 6, 12)]]
+        assert [p.wait() for p in procs] == [0, 0]
+        ps = xser.PartialSaver(path, xser.load(spec_path))
+        assert {n["worker"] for n in ps.written()[key]} == {"w0", "w1"}
+        ps.finalize()
+        assert np.array_equal(xser.load(path).W, full)
