@@ -22,6 +22,7 @@ from .checkpointing import load_training_state as load_training_state
 from .build import ExperimentSpec as ExperimentSpec
 from .build import build as build
 from .ensemble import Ensemble as Ensemble
+from .interop import angel as _angel  # registers !AngelMatrix
 from .interop import dismec as _dismec  # registers !DismecModel
 from .errors import CheckpointError as CheckpointError
 from .errors import DataError as DataError

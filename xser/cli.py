@@ -126,6 +126,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
         name = import_dismec(args.source, args.out, force=args.force)
         print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
+    elif args.system == "angel":
+        from .interop.angel import import_angel
+
+        name = import_angel(args.source, args.out, force=args.force)
+        print(f"imported {args.source} as {args.out} (parameter {name}/values)")
     else:
         from .interop.xnmt import import_xnmt
 
@@ -141,6 +146,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         written = export_dismec(
             args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
             split_files=args.split_files, checkpoint=args.checkpoint,
+        )
+    elif args.system == "angel":
+        from .interop.angel import export_angel
+
+        written = export_angel(
+            args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
+            sep=args.sep, checkpoint=args.checkpoint,
         )
     else:
         from .interop.xnmt import export_xnmt
@@ -200,7 +212,11 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
 
 def _import_args(p: argparse.ArgumentParser) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
-    for name, source in (("dismec", "DiSMEC++ metadata JSON file"), ("xnmt", "XNMT saved model file (e.g. tiny.mod)")):
+    for name, source in (
+        ("dismec", "DiSMEC++ metadata JSON file"),
+        ("angel", "Angel matrix directory (the one holding _meta)"),
+        ("xnmt", "XNMT saved model file (e.g. tiny.mod)"),
+    ):
         q = systems.add_parser(name, help=f"import a {source.split(' ')[0]} model", description=f"import a {source}")
         q.add_argument("source", help=source)
         q.add_argument("out", help="the xser model to write (spec path)")
@@ -218,6 +234,16 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
     q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
     q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)")
+    q.add_argument("model", help="saved xser model")
+    q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
+    q.add_argument("out", help="directory to write the matrix directory into")
+    q.add_argument("--format", default="colid-value-text", help="value-binary, colid-value-binary, rowid-colid-value-binary, "
+                   "value-text, colid-value-text, rowid-colid-value-text, binary-column or text-column")
+    q.add_argument("--name", help="matrix name (default: the parameter's name)")
+    q.add_argument("--block-rows", type=int, help="rows per partition (default: one partition)")
+    q.add_argument("--sep", default=",", help="separator of the text formats (Angel's default: ,)")
+    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
     q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
@@ -228,8 +254,8 @@ COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experime
 COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
 COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
 COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
-COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, XNMT)", _import_args, cmd_import)
-COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, XNMT)", _export_args, cmd_export)
+COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, Angel, XNMT)", _import_args, cmd_import)
+COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, Angel, XNMT)", _export_args, cmd_export)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 

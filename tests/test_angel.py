@@ -1,0 +1,153 @@
+"""Angel matrices: the eight formats and _meta, against the bytes in formats.md section 2.4."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import xser
+from strategies import leaf_of
+from xser.cli import main
+from xser.interop.angel import FORMATS, export_angel, import_angel, java_string, read_angel
+
+W = np.array([[1.5, 0, -2.25], [0.1, 1234567, 1e-7]], np.float32)
+
+# formats.md 2.4, the worked example (f32 row type)
+EXPECTED = {
+    "value-binary": bytes.fromhex("3fc00000 00000000 c0100000 3dcccccd 4996b438 33d6bf95"),
+    "colid-value-binary": bytes.fromhex("00000000 3fc00000 00000001 00000000 00000002 c0100000 00000000 3dcccccd"
+                                        "00000001 4996b438 00000002 33d6bf95"),
+    "rowid-colid-value-binary": bytes.fromhex("00000000 00000000 3fc00000 00000000 00000001 00000000 00000000 00000002 c0100000"
+                                              "00000001 00000000 3dcccccd 00000001 00000001 4996b438 00000001 00000002 33d6bf95"),
+    "binary-column": bytes.fromhex("00000000 3fc00000 3dcccccd 00000001 00000000 4996b438 00000002 c0100000 33d6bf95"),
+    "value-text": b"1.5\n0.0\n-2.25\n0.1\n1234567.0\n1.0E-7\n",
+    "colid-value-text": b"0,1.5\n1,0.0\n2,-2.25\n0,0.1\n1,1234567.0\n2,1.0E-7\n",
+    "text-column": b"0,1.5,0.1\n1,0.0,1234567.0\n2,-2.25,1.0E-7\n",
+}
+META = (b'{"matrixId":1,"matrixName":"w","formatClassName":"com.tencent.angel.model.output.format.ColIdValueTextRowFormat",'
+        b'"rowType":7,"row":2,"col":3,"blockRow":2,"blockCol":3,"options":{"feature.index.range.end":"3","feature.index.range.start":"0"},'
+        b'"partMetas":{"0":{"partId":0,"startRow":0,"endRow":2,"startCol":0,"endCol":3,"nnz":6,"saveRowNum":2,"saveColNum":0,'
+        b'"saveColElemNum":0,"fileName":"0","offset":0,"length":47,"rowMetas":{"0":{"rowId":0,"offset":0,"elementNum":3,"saveType":0},'
+        b'"1":{"rowId":1,"offset":0,"elementNum":3,"saveType":0}}}}}')
+
+
+@pytest.fixture
+def model(tmp_path):
+    leaf = leaf_of({"w": W})
+    xser.save(leaf, tmp_path / "m.yaml")
+    return str(tmp_path / "m.yaml"), f"{xser.params(leaf).name}/w"
+
+
+class TestFormats:
+    @pytest.mark.parametrize("fmt", sorted(FORMATS))
+    def test_bytes_and_round_trip(self, tmp_path, model, fmt):
+        """Each format writes the worked example's bytes and reads back the matrix."""
+        path, param = model
+        written = export_angel(path, param, tmp_path / "out", format=fmt, matrix_name="w")
+        data = (tmp_path / "out" / "w" / "0").read_bytes()
+        if fmt in EXPECTED:
+            assert data == EXPECTED[fmt]
+        _, back = read_angel(tmp_path / "out" / "w")
+        assert np.array_equal(back, W)
+        assert written[-1].endswith("_meta")
+
+    def test_meta_bytes(self, tmp_path, model):
+        """_meta is a big-endian length and jettison's compact JSON, as in the worked example."""
+        path, param = model
+        export_angel(path, param, tmp_path / "out", format="colid-value-text", matrix_name="w")
+        raw = (tmp_path / "out" / "w" / "_meta").read_bytes()
+        assert raw == struct.pack(">i", len(META)) + META and raw[:4] == bytes.fromhex("0000021a")
+
+    def test_partitions_and_files(self, tmp_path):
+        """Partitions of --block-rows rows; at most 5 per file, files named by their first partition."""
+        big = np.arange(24, dtype=np.float32).reshape(12, 2)
+        leaf = leaf_of({"w": big})
+        xser.save(leaf, tmp_path / "m.yaml")
+        export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format="value-binary", matrix_name="w", block_rows=2)
+        assert sorted(p.name for p in (tmp_path / "o" / "w").iterdir()) == ["0", "5", "_meta"]
+        meta = json.loads((tmp_path / "o" / "w" / "_meta").read_bytes()[4:])
+        assert [meta["partMetas"][str(k)]["offset"] for k in range(6)] == [0, 16, 32, 48, 64, 0]
+        assert np.array_equal(read_angel(tmp_path / "o" / "w")[1], big)
+
+    def test_import_and_tools(self, tmp_path, model):
+        """xser import angel gives a model that loads, averages and exports again identically."""
+        path, param = model
+        export_angel(path, param, tmp_path / "out", format="binary-column", matrix_name="w")
+        name = import_angel(tmp_path / "out" / "w", tmp_path / "a.yaml")
+        assert np.array_equal(xser.load(tmp_path / "a.yaml").values, W)
+        assert main(["export", "angel", str(tmp_path / "a.yaml"), f"{name}/values", str(tmp_path / "again"), "--format", "binary-column", "--name", "w"]) == 0
+        assert (tmp_path / "again" / "w" / "0").read_bytes() == EXPECTED["binary-column"]
+
+    def test_java_strings(self):
+        """Java's Float/Double.toString: decimal between 1e-3 and 1e7, else computerized scientific."""
+        cases = [(1.5, "1.5"), (0.0, "0.0"), (-0.0, "-0.0"), (1e7, "1.0E7"), (1e-3, "0.001"), (9.9e-4, "9.9E-4"),
+                 (1234567.0, "1234567.0"), (1e-7, "1.0E-7"), (float("nan"), "NaN"), (float("-inf"), "-Infinity"), (100.0, "100.0")]
+        for x, s in cases:
+            assert java_string(x, True) == s, x
+        assert java_string(0.1, False) == "0.1" and java_string(2e23, False) == "2.0E23"
+
+    def test_large_offsets(self, tmp_path):
+        """Row offsets past 2**31 work (Angel itself read them as int)."""
+        d = tmp_path / "big"
+        d.mkdir()
+        offset = 2**31 + 8
+        with open(d / "0", "wb") as f:
+            f.seek(offset)
+            f.write(EXPECTED["value-binary"])
+        meta = json.loads(META)
+        meta["formatClassName"] = "com.tencent.angel.model.output.format.ValueBinaryRowFormat"
+        meta["partMetas"]["0"].update(offset=offset, length=24)
+        body = json.dumps(meta).encode()
+        (d / "_meta").write_bytes(struct.pack(">i", len(body)) + body)
+        assert np.array_equal(read_angel(d)[1], W)
+
+
+class TestBadInput:
+    def write(self, tmp_path, meta_edit=None, data=EXPECTED["colid-value-text"], raw_meta=None):
+        d = tmp_path / "m"
+        d.mkdir()
+        (d / "0").write_bytes(data)
+        meta = json.loads(META)
+        if meta_edit:
+            meta_edit(meta)
+        body = json.dumps(meta).encode()
+        (d / "_meta").write_bytes(raw_meta if raw_meta is not None else struct.pack(">i", len(body)) + body)
+        return d
+
+    def test_truncated_partition(self, tmp_path):
+        """A partition shorter than its recorded length is named with its offset."""
+        d = self.write(tmp_path, data=EXPECTED["colid-value-text"][:30])
+        with pytest.raises(xser.DataError, match=r"partition 0 is truncated: 30 of 47 bytes at offset 0"):
+            read_angel(d)
+
+    def test_length_prefix_too_large(self, tmp_path):
+        """A _meta length prefix larger than the file is refused before parsing."""
+        d = self.write(tmp_path, raw_meta=struct.pack(">i", 10_000) + b"{}")
+        with pytest.raises(xser.DataError, match="_meta length prefix says 10000 bytes of JSON, the file has 2"):
+            read_angel(d)
+
+    def test_unknown_format_class(self, tmp_path):
+        """An unknown formatClassName is refused (no reflection), with a suggestion."""
+        d = self.write(tmp_path, lambda m: m.update(formatClassName="com.tencent.angel.model.output.format.ColIdValueTextRowFormatX"))
+        with pytest.raises(xser.DataError, match="unknown formatClassName .* did you mean 'com.tencent.angel.model.output.format.ColIdValueTextRowFormat'"):
+            read_angel(d)
+
+    def test_bad_text_records(self, tmp_path):
+        """Text records with the wrong number of fields or bad numbers name the file and line."""
+        d = self.write(tmp_path, data=b"0,1.5\n1,0.0,7\n2,-2.25\n0,0.1\n1,1234567.0\n2,1.0E-7\n" + b" " * 0)
+        d2 = tmp_path / "m"
+        meta = json.loads(META)
+        meta["partMetas"]["0"]["length"] = len((d2 / "0").read_bytes())
+        body = json.dumps(meta).encode()
+        (d2 / "_meta").write_bytes(struct.pack(">i", len(body)) + body)
+        with pytest.raises(xser.DataError, match=r"0:2: 3 fields, 2 expected"):
+            read_angel(d)
+
+    def test_export_errors(self, tmp_path, model):
+        """Unknown formats suggest the closest; non-float parameters are refused."""
+        path, param = model
+        with pytest.raises(xser.DataError, match="did you mean 'colid-value-text'"):
+            export_angel(path, param, tmp_path / "o", format="colid-value-txt")
