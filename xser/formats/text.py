@@ -99,6 +99,13 @@ def _parse_chunk(chars: np.ndarray) -> np.ndarray | None:
     return np.where(chars[:, 0] == ord("-"), -value, value).astype(np.float32)
 
 
+def _special(x: float) -> str:
+    """Text of a value, with the sign of nan kept (``repr`` drops it)."""
+    if x != x:
+        return "-nan" if math.copysign(1.0, x) < 0 else "nan"
+    return repr(x)
+
+
 def _rows(shape: tuple) -> tuple[int, int]:
     if len(shape) == 0:
         return 1, 1
@@ -197,7 +204,7 @@ def _dense_rows(block: np.ndarray) -> bytes:
     finite = np.isfinite(flat)
     chars = format_float32(flat if finite.all() else np.where(finite, flat, 0).astype(np.float32))
     for i in np.flatnonzero(~finite):
-        chars[i, :15] = np.frombuffer(repr(float(flat[i])).rjust(15).encode(), np.uint8)
+        chars[i, :15] = np.frombuffer(_special(float(flat[i])).rjust(15).encode(), np.uint8)
     text = chars.reshape(block.shape[0], block.shape[1], 16)
     text[:, -1, 15] = ord("\n")
     return text.tobytes()
@@ -223,7 +230,7 @@ class DenseText(_TextFormat):
                 yield fut.result()
         else:
             for start in range(0, r, 4096):
-                yield "".join(" ".join(repr(float(x)) for x in row) + "\n" for row in rows[start : start + 4096].tolist()).encode()
+                yield "".join(" ".join(_special(x) for x in row) + "\n" for row in rows[start : start + 4096].tolist()).encode()
 
     def _parse(self, lines: list[bytes], rows: int, cols: int, dtype: np.dtype, path: str) -> np.ndarray:
         if dtype == np.float32 and cols and all(len(line) == 16 * cols - 1 for line in lines):
@@ -263,7 +270,7 @@ class SparseText(_TextFormat):
                     vals = format_float32(row[idx]).tobytes().decode()
                     out.append("".join(f"{j}:{vals[16 * k:16 * k + 16]}" for k, j in enumerate(idx.tolist())) + "\n")
                 else:
-                    out.append("".join(f"{j}:{float(row[j])!r} " for j in idx.tolist()) + "\n")
+                    out.append("".join(f"{j}:{_special(float(row[j]))} " for j in idx.tolist()) + "\n")
             yield "".join(out).encode()
 
     def _parse(self, lines: list[bytes], rows: int, cols: int, dtype: np.dtype, path: str) -> np.ndarray:
