@@ -150,3 +150,26 @@ class TestUserFormats:
         xser.save(Linear(3, 2), tmp_path / "m.yaml", formats={"*/W": "bad-reader"})
         with pytest.raises(xser.DataError, match=r"format 'bad-reader' read float64 \(1,\), the manifest says float32 \(2, 3\)"):
             xser.load(tmp_path / "m.yaml")
+
+
+class TestExternalFormats:
+    @pytest.mark.parametrize("fmt", ["dynet-text", "value-binary", "colid-value-binary", "rowid-colid-value-binary", "value-text",
+                                     "colid-value-text", "rowid-colid-value-text", "binary-column", "text-column"])
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_any_parameter_in_any_format(self, tmp_path, fmt, dtype):
+        """DyNet text and Angel's eight formats are rows of the format table: save, load, verify."""
+        rng = np.random.default_rng(3)
+        arr = (rng.standard_normal((5, 3)) * 1e3).astype(dtype)
+        if fmt == "rowid-colid-value-text" and dtype == np.float64:
+            arr = np.round(arr, 6)  # Angel writes doubles there with DecimalFormat("#.######")
+        if fmt == "dynet-text" and dtype == np.float64:
+            arr = arr.astype(np.float32).astype(np.float64)  # DyNet text has 9 significant digits
+        leaf = leaf_of({"m": arr})
+        xser.save(leaf, tmp_path / "m.yaml", formats={"*": fmt})
+        got = xser.params(xser.load(tmp_path / "m.yaml", verify=True))["m"]
+        assert got.dtype == arr.dtype and np.array_equal(got, arr)
+
+    def test_angel_needs_a_matrix(self, tmp_path):
+        """Angel formats store matrices: a vector is refused with what it is."""
+        with pytest.raises(xser.DataError, match=r"value-text stores 2-D float32 or float64 matrices, got float32 \(3,\)"):
+            xser.save(leaf_of({"v": np.zeros(3, np.float32)}), tmp_path / "m.yaml", formats={"*": "value-text"})

@@ -105,8 +105,24 @@ def _load_entry_points() -> None:
             raise RegistryError(f"format entry point {ep.name!r} ({ep.value}) failed to load: {e}") from e
 
 
+_EXTERNAL_LOADED = False
+
+
+def _load_external() -> None:
+    """DyNet text and Angel's formats join the table on first use (they import the interop code)."""
+    global _EXTERNAL_LOADED
+    if not _EXTERNAL_LOADED:
+        _EXTERNAL_LOADED = True
+        from .external import EXTERNAL
+
+        for name, fmt in EXTERNAL().items():
+            FORMATS.setdefault(name, fmt)
+
+
 def get_format(name: str) -> Any:
     """The format called ``name`` (entry points are looked at once, when a name is unknown)."""
+    if name not in FORMATS:
+        _load_external()
     if name not in FORMATS:
         _load_entry_points()
     return FORMATS.get(name)

@@ -164,19 +164,24 @@ class _TextFormat:
         return self.read(path, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
 
     def _load(self, path: str, size: int, verify: Any) -> bytes:
-        from .npy import CHECKSUMS
+        return load_checked(path, size, verify)
 
-        with open(path, "rb") as f:
-            actual = os.fstat(f.fileno()).st_size
-            if actual != size:
-                raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(path))
-            data = f.read()
-        if verify is not None:
-            h = CHECKSUMS[verify[0]]()
-            h.update(data)
-            if h.hexdigest() != verify[1]:
-                raise DataError(f"checksum mismatch: {verify[0]} {h.hexdigest()} on disk, {verify[1]} in manifest", Location(path))
-        return data
+
+def load_checked(path: str, size: int, verify: Any) -> bytes:
+    """A whole file, after checking its size against the manifest (and its checksum if asked)."""
+    from .npy import CHECKSUMS
+
+    with open(path, "rb") as f:
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(path))
+        data = f.read()
+    if verify is not None:
+        h = CHECKSUMS[verify[0]]()
+        h.update(data)
+        if h.hexdigest() != verify[1]:
+            raise DataError(f"checksum mismatch: {verify[0]} {h.hexdigest()} on disk, {verify[1]} in manifest", Location(path))
+    return data
 
 
 def _number(token: bytes, path: str, line: int) -> float:

@@ -1,0 +1,109 @@
+"""The other systems' layouts as weight formats: DyNet text and Angel's eight formats.
+
+Any parameter can be stored in them (``save(..., formats={"*/W": "colid-value-text"})``); the
+manifest records the format and loading needs no further information. Angel formats store 2-D
+float32/float64 matrices as one partition; ``dynet-text`` stores one DyNet record per file
+(column-major, 9 significant digits: float32 is exact).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, Location, shape_str
+
+__all__ = ["EXTERNAL"]
+
+
+class _BytesFormat:
+    """A format whose files are produced and parsed whole (they are small or text)."""
+
+    suffix = ".txt"
+
+    def __init__(self, name: str, suffix: str) -> None:
+        self.name, self.suffix = name, suffix
+
+    # subclasses define encode(path, array, **options) -> bytes and decode(path, data, dtype, shape)
+
+    def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
+        from .npy import CHECKSUMS, DEFAULT_CHECKSUM
+
+        data = self.encode(path, array, **options)
+        with open(path, "xb") as f:
+            f.write(data)
+        h = CHECKSUMS[DEFAULT_CHECKSUM]()
+        h.update(data)
+        return len(data), h.hexdigest()
+
+    def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
+        from .text import load_checked
+
+        data = load_checked(path, size, verify)
+        out = self.decode(path, data, dtype, tuple(shape))
+        if out.shape != tuple(shape):
+            raise DataError(f"file holds {shape_str(out.shape)}, manifest says {shape_str(shape)}", Location(path))
+        return out.astype(dtype, copy=False)
+
+    def read_rows(self, path: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
+        return self.read(path, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
+
+
+class DynetText(_BytesFormat):
+    def encode(self, path: str, array: np.ndarray, **options: Any) -> bytes:
+        from ..interop.xnmt import write_dynet_text
+
+        if options or array.dtype.kind != "f" or array.ndim == 0:
+            raise DataError(f"dynet-text stores float arrays with at least one dimension (no options), got {array.dtype} {shape_str(array.shape)}", Location(path))
+        sub = os.path.basename(os.path.dirname(path))
+        name = os.path.basename(path)[: -len(self.suffix)]
+        return write_dynet_text([{"kind": "Parameter", "key": f"/{sub}/{name}", "dims": list(array.shape), "array": array}])
+
+    def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        from ..interop.xnmt import read_dynet_text
+
+        records = read_dynet_text(path)
+        if len(records) != 1:
+            raise DataError(f"{len(records)} DyNet records in the file, 1 expected", Location(path))
+        return records[0]["array"]
+
+
+class AngelFormat(_BytesFormat):
+    def encode(self, path: str, array: np.ndarray, sep: str = ",", **options: Any) -> bytes:
+        from ..interop.angel import _encode_partition
+
+        if options:
+            raise DataError(f"{self.name} takes only sep, got {sorted(options)}", Location(path))
+        if array.ndim != 2 or array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
+            raise DataError(f"{self.name} stores 2-D float32 or float64 matrices, got {array.dtype} {shape_str(array.shape)}", Location(path))
+        r, c = array.shape
+        return _encode_partition(array, 0, r, 0, c, self.name, array.dtype.itemsize == 4, sep)
+
+    def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        from ..interop.angel import _decode_partition
+
+        if len(shape) != 2:
+            raise DataError(f"{self.name} holds a matrix, the manifest says {shape_str(shape)}", Location(path))
+        r, c = shape
+        column = self.name.endswith("column")
+        pm = {"partId": 0, "startRow": 0, "startCol": 0, "saveColNum": c, "saveColElemNum": r,
+              "rowMetas": {str(i): {"rowId": i, "elementNum": c} for i in range(r)} if not column else
+              {str(i): {"rowId": i, "elementNum": c} for i in range(r)}}
+        out = np.zeros(shape, np.dtype(dtype).newbyteorder("="))
+        vdtype = np.dtype(">f4") if np.dtype(dtype).itemsize == 4 else np.dtype(">f8")
+        _decode_partition(out, pm, data, self.name, vdtype, False, path)
+        return out
+
+
+def _external() -> dict[str, Any]:
+    from ..interop.angel import FORMATS as ANGEL
+
+    out: dict[str, Any] = {"dynet-text": DynetText("dynet-text", ".dynet")}
+    for name in ANGEL:
+        out[name] = AngelFormat(name, ".bin" if "binary" in name else ".txt")
+    return out
+
+
+EXTERNAL = _external
