@@ -173,3 +173,38 @@ class TestExternalFormats:
         """Angel formats store matrices: a vector is refused with what it is."""
         with pytest.raises(xser.DataError, match=r"value-text stores 2-D float32 or float64 matrices, got float32 \(3,\)"):
             xser.save(leaf_of({"v": np.zeros(3, np.float32)}), tmp_path / "m.yaml", formats={"*": "value-text"})
+
+
+class TestOptionsAndPlugins:
+    def test_precision(self, tmp_path):
+        """precision=P writes DiSMEC++'s %.{P}g (lossy, on purpose)."""
+        lin = Linear(3, 1)
+        lin.W[...] = [[1.5, 1234567, 1e-7]]
+        xser.save(lin, tmp_path / "m.yaml", formats={"*/W": ("dense-text", {"precision": 6})})
+        name = xser.params(lin).name
+        assert (tmp_path / "m.yaml.data" / name / "W.txt").read_text() == "1.5 1.23457e+06 1e-07\n"
+        assert xser.load(tmp_path / "m.yaml").W[0, 1] == np.float32(1234570)
+        with pytest.raises(xser.DataError, match="precision must be an int from 1 to 17, got 0"):
+            xser.save(lin, tmp_path / "n.yaml", formats={"*/W": ("sparse-text", {"precision": 0})})
+
+    def test_entry_point_formats(self, tmp_path, monkeypatch):
+        """A package can add a format through the entry-point group xser.formats."""
+        import importlib.metadata as md
+        import types
+
+        from xser import formats as fm
+
+        def writer(path, array):
+            with open(path, "wb") as f:
+                np.save(f, array)
+
+        plugin = types.SimpleNamespace(reader=lambda path, dtype, shape: np.load(path).astype(dtype), writer=writer, suffix=".plug")
+        ep = md.EntryPoint(name="plugged", value="plugin_mod:FORMAT", group="xser.formats")
+        monkeypatch.setattr(md.EntryPoint, "load", lambda self: plugin)
+        monkeypatch.setattr(md, "entry_points", lambda group=None: [ep] if group == "xser.formats" else [])
+        monkeypatch.setattr(fm, "_ENTRY_POINTS_LOADED", False)
+        monkeypatch.delitem(fm.FORMATS, "plugged", raising=False)
+        lin = Linear(2, 2)
+        xser.save(lin, tmp_path / "m.yaml", formats={"*/W": "plugged"})
+        assert np.array_equal(xser.load(tmp_path / "m.yaml").W, lin.W)
+        assert (tmp_path / "m.yaml.data" / xser.params(lin).name / "W.plug").exists()
