@@ -111,7 +111,7 @@ class TestBadInput:
         ("DenseTXT", lambda m: m["files"][0].update(first=1), None, "labels 0 to 0 are in no weight file"),
         ("DenseTXT", lambda m: m["files"][0].update(file="../x"), None, "weight file '../x' must be a path relative to the metadata file, inside its directory"),
         ("DenseTXT", None, b"1 nan 2\n0 0 0\n", "non-finite value 'nan'"),
-        ("DenseTXT", None, b"1 2\n0 0 0\n", "row has 2 values, expected 3"),
+        ("DenseTXT", None, b"1 2\n0 0 0\n", "2 values on the line, 3 expected"),
         ("DenseTXT", None, b"1 2 3\n", "1 rows, the metadata says 2"),
         ("SparseTXT", None, b"0:1 3:2 \n\n", "index 3 is outside 0..2"),
         ("SparseTXT", None, b"2:1 1:2 \n\n", "index 1 after 2: indices must ascend"),

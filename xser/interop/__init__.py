@@ -1,1 +1,23 @@
-"""Reading and writing the model files of other systems (DiSMEC++ so far)."""
+"""Reading and writing the model files of other systems: DiSMEC++, Angel, XNMT."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import DataError, Location, did_you_mean
+
+
+def read_param(model: str | os.PathLike, param: str, checkpoint: int = 0) -> np.ndarray:
+    """One parameter (``"<subcollection>/<param>"``, as ``xser inspect`` lists it) of a saved model."""
+    from ..checkpointing import checkpoint_dir
+    from ..store import DataDir
+
+    data = DataDir.open(checkpoint_dir(model, checkpoint))
+    sub, _, name = param.partition("/")
+    entry = data.subcollections.get(sub, {}).get(name)
+    if entry is None:
+        known = [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
+        raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
+    return np.asarray(data.read(entry))

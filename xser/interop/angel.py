@@ -160,16 +160,12 @@ def export_angel(
     checkpoint: int = 0,
 ) -> list[str]:
     """Write ``param`` (a 2-D float matrix) as an Angel matrix directory ``out_dir/<name>/``."""
-    from ..api import read_params
+    from . import read_param
 
     if format not in FORMATS:
         raise DataError(f"unknown Angel format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
-    sub, _, pname = param.partition("/")
-    arrays = read_params(model, checkpoint=checkpoint)
-    if pname not in arrays.get(sub, {}):
-        known = [f"{s}/{n}" for s, ps in arrays.items() for n in ps]
-        raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
-    w = np.asarray(arrays[sub][pname])
+    w = read_param(model, param, checkpoint)
+    pname = param.partition("/")[2]
     if w.ndim != 2 or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
         raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; Angel stores 2-D float32 or float64 matrices")
     is_float = w.dtype.itemsize == 4

@@ -105,54 +105,32 @@ def _resolve(meta_path: str, name: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(meta_path)), name)
 
 
-def _number(token: str, path: str, line: int) -> float:
-    try:
-        v = float(token)
-    except ValueError:
-        raise DataError(f"not a number: {token!r}", Location(path, line)) from None
-    if not math.isfinite(v):
-        raise DataError(f"non-finite value {token!r}", Location(path, line))
-    return v
+def _read_text(fmt: Any, path: str, count: int, features: int) -> np.ndarray:
+    """A DiSMEC++ text file, parsed by xser's own text format; then every value must be finite."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if len(lines) != count:
+        raise DataError(f"{len(lines)} rows, the metadata says {count}", Location(path, min(len(lines), count) + 1))
+    out = fmt._parse(lines, count, features, np.dtype(np.float32), path).reshape(count, features)
+    bad = np.argwhere(~np.isfinite(out))
+    if bad.size:
+        r, c = bad[0]
+        raise DataError(f"non-finite value {str(out[r, c])!r}", Location(path, int(r) + 1))
+    return out
 
 
 def _read_dense_text(path: str, count: int, features: int) -> np.ndarray:
-    out = np.empty((count, features), np.float32)
-    with open(path, encoding="ascii", errors="replace") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if len(lines) != count:
-        raise DataError(f"{len(lines)} rows, the metadata says {count}", Location(path, min(len(lines), count) + 1))
-    for i, line in enumerate(lines):
-        tokens = line.split()
-        if len(tokens) != features:
-            raise DataError(f"row has {len(tokens)} values, expected {features}", Location(path, i + 1))
-        out[i] = [_number(t, path, i + 1) for t in tokens]
-    return out
+    from ..formats.text import DENSE_TEXT
+
+    return _read_text(DENSE_TEXT, path, count, features)
 
 
 def _read_sparse_text(path: str, count: int, features: int) -> np.ndarray:
-    out = np.zeros((count, features), np.float32)
-    with open(path, encoding="ascii", errors="replace") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if len(lines) != count:
-        raise DataError(f"{len(lines)} rows, the metadata says {count}", Location(path, min(len(lines), count) + 1))
-    for i, line in enumerate(lines):
-        last = -1
-        for tok in line.split():
-            j, sep, v = tok.partition(":")
-            if not sep or not j.lstrip("-").isdigit():
-                raise DataError(f"expected index:value, got {tok!r}", Location(path, i + 1))
-            j = int(j)
-            if not 0 <= j < features:
-                raise DataError(f"index {j} is outside 0..{features - 1}", Location(path, i + 1))
-            if j <= last:
-                raise DataError(f"index {j} after {last}: indices must ascend", Location(path, i + 1))
-            out[i, j] = _number(v, path, i + 1)
-            last = j
-    return out
+    from ..formats.text import SPARSE_TEXT
+
+    return _read_text(SPARSE_TEXT, path, count, features)
 
 
 def _read_npy(path: str, count: int, features: int) -> np.ndarray:
@@ -268,19 +246,14 @@ def export_dismec(
 
     Returns the paths written (metadata last). ``date`` defaults to now, UTC, as DiSMEC++ writes it.
     """
-    from ..api import read_params
+    from . import read_param
 
     meta_out = os.fspath(meta_out)
     if format not in FORMATS:
         raise DataError(f"unknown DiSMEC++ format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
     if split_files < 1 or precision < 1:
         raise DataError(f"split-files and precision must be >= 1, got {split_files} and {precision}")
-    sub, _, name = param.partition("/")
-    arrays = read_params(model, checkpoint=checkpoint)
-    if name not in arrays.get(sub, {}):
-        known = [f"{s}/{n}" for s, ps in arrays.items() for n in ps]
-        raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
-    w = np.asarray(arrays[sub][name])
+    w = read_param(model, param, checkpoint)
     if w.ndim != 2 or w.dtype.kind != "f":
         raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; DiSMEC++ stores a 2-D float matrix", Location(os.fspath(model)))
     if not np.all(np.isfinite(w)):
