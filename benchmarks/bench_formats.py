@@ -45,8 +45,10 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--cols", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--formats", default=",".join(FORMAT_NAMES), help="comma-separated format names (npy is always measured)")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args(argv)
+    chosen = ["npy"] + [f for f in args.formats.split(",") if f and f != "npy"]
     root = tempfile.mkdtemp(prefix="xser-formats-", dir=args.dir)
     try:
         rng = np.random.default_rng(0)
@@ -58,7 +60,7 @@ def main(argv=None):
         for label, matrix in (("dense matrix", dense), ("1% dense matrix", sparse)):
             m = Matrix(args.rows, args.cols)
             xser.params(m)["W"][...] = matrix
-            for fmt in FORMAT_NAMES if label == "dense matrix" else ("npy", "dense-text", "sparse-text"):
+            for fmt in chosen if label == "dense matrix" else [f for f in chosen if f in ("npy", "dense-text", "sparse-text")]:
                 counter = iter(range(1 << 30))
 
                 def save():

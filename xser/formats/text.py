@@ -29,7 +29,7 @@ from ..errors import DataError, Location, shape_str
 __all__ = ["DENSE_TEXT", "SPARSE_TEXT", "format_float32"]
 
 _DIGITS = np.frombuffer(b"0123456789", np.uint8)
-CHUNK_VALUES = 1 << 20
+CHUNK_VALUES = 1 << 18  # values per formatting chunk: small enough to stay in the CPU cache (measured)
 
 
 _LUT4 = np.array([int.from_bytes(f"{i:04d}".encode(), "little") for i in range(10000)], np.uint32)
@@ -63,7 +63,11 @@ def format_float32(values: np.ndarray, sep: int = ord(" ")) -> np.ndarray:
     a, b4 = _LUT4[mid], _LUT4[lo]  # four digit characters each, little-endian
     words = np.empty((flat.size, 4), np.uint32)
     sign = np.signbit(flat).view(np.uint8).astype(np.uint32) * 2 + ord("+")  # '+' 43, '-' 45
-    words[:, 0] = sign | ((d0.astype(np.uint32) + ord("0")) << 8) | (ord(".") << 16) | ((a & 0xFF) << 24)
+    w0 = a << 24
+    w0 |= sign
+    w0 |= d0.view(np.uint32) << 8
+    w0 |= (ord(".") << 16) | (ord("0") << 8)
+    words[:, 0] = w0
     words[:, 1] = (a >> 8) | ((b4 & 0xFF) << 24)
     words[:, 2] = (b4 >> 8) | (ord("e") << 24)
     esign = (e < 0).view(np.uint8).astype(np.uint32) * 2 + ord("+")
