@@ -9,7 +9,9 @@ from xser import demo
 def test_training_beats_chance_and_round_trips(tmp_path):
     """The demo learns (accuracy well above 1/3) and the saved model predicts identically."""
     lines = []
-    acc = demo.run(demo.__file__.replace("xser/demo.py", "configs/demo.yaml"), str(tmp_path), say=lines.append)
+    from xser.cli import _default_config
+
+    acc = demo.run(_default_config(), str(tmp_path), say=lines.append)
     assert acc > 0.6
     again = xser.load(tmp_path / "demo.yaml")
     sub = xser.read_params(tmp_path / "demo.yaml")

@@ -16,3 +16,19 @@ def test_public_names():
         "register_format", "save", "serializable",
     ]
     assert xser.__all__ == sorted(xser.__all__)
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject.toml lists every package under xser/ (a missing one breaks `pip install .`)."""
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+        listed = set(re.search(r"packages = \[(.*?)\]", f.read()).group(1).replace('"', "").replace(" ", "").split(","))
+    found = {
+        os.path.relpath(d, root).replace(os.sep, ".")
+        for d, _, files in os.walk(os.path.join(root, "xser"))
+        if "__init__.py" in files
+    }
+    assert found <= listed, sorted(found - listed)
