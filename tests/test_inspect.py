@@ -27,3 +27,11 @@ def test_unknown_tags_are_fine(tmp_path):
     xser.save(Model(encoder=1), path)
     path.write_text(path.read_text().replace("!TModel", "!SomethingNotRegistered"))
     assert "(root): !SomethingNotRegistered" in "\n".join(open_model(path).lines())
+
+
+def test_long_metadata_is_shortened(tmp_path):
+    """A huge training mapping (an imported model keeps its original spec there) is cut in the listing."""
+    path = tmp_path / "m.yaml"
+    xser.save(Model(encoder=1), path, training={"text": "x" * 1000})
+    line = next(l for l in open_model(path).lines() if l.startswith("  training:"))
+    assert line.endswith("... (1012 characters in the manifest)") and len(line) < 400

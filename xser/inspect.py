@@ -52,7 +52,10 @@ class ModelView:
         ]
         for key in ("training", "custom"):
             if meta.get(key):
-                out.append(f"  {key}: {meta[key]}")
+                text = str(meta[key])
+                if len(text) > 300:  # e.g. an imported model's original spec text
+                    text = text[:300] + f"... ({len(text)} characters in the manifest)"
+                out.append(f"  {key}: {text}")
         out.append("")
         out.append("components:")
         for path, t in self.components:
