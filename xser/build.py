@@ -303,10 +303,6 @@ class Builder:
         finally:
             BUILD.reset(token)
 
-    def loc(self, parent: Any, key: Any) -> Location:
-        base = self.doc.where(parent, key) or Location(self.spec.file)
-        return base
-
     def build_node(self, node: Any, path: tuple, loc: Location | None = None) -> Any:
         if path in self.memo:
             return self.memo[path]

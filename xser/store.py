@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from . import _version
-from .errors import DataError, Location, did_you_mean, shape_str
+from .errors import DataError, Location, did_you_mean
 from .formats import FORMATS, get_format
 from .formats.npy import CHECKSUMS, parse_dtype
 
@@ -345,7 +345,3 @@ def _check_manifest(m: Any, mpath: str) -> tuple[dict, dict[str, dict[str, Param
             entries[sub][pname] = ParamEntry(sub, pname, dtype, shape, bool(trainable), parsed)
     meta = {k: v for k, v in m.items() if k != "subcollections"}
     return meta, entries
-
-
-def describe(entry: ParamEntry) -> str:
-    return f"{shape_str(entry.shape)} {entry.dtype}"

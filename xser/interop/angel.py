@@ -233,7 +233,7 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         known = sorted(_BY_CLASS)
         raise DataError(f"unknown formatClassName {cls!r} (xser reads the 8 built-in formats){did_you_mean(str(cls), known)}", Location(mpath))
     try:
-        vdtype, long_ids, dense = _row_type(int(meta["rowType"]))
+        vdtype, long_ids, _ = _row_type(int(meta["rowType"]))
         rows, cols = int(meta["row"]), int(meta["col"])
     except (KeyError, ValueError, TypeError) as e:
         raise DataError(f"_meta: {e}", Location(mpath)) from None
