@@ -152,7 +152,7 @@ def _check_same(ref: DataDir, other: DataDir, ref_ck: Checkpoint, ck: Checkpoint
 def _data_offsets(dirs: list[DataDir], entries: list[ParamEntry]) -> tuple[list[int], bool]:
     offsets, orders = [], set()
     for d, e in zip(dirs, entries):
-        path = d._file(e.blocks[0].file)
+        path = d.file_path(e.blocks[0].file)
         with open(path, "rb") as f:
             shape, fortran, dtype, offset = read_header(f, path)
         if tuple(shape) != e.shape or dtype != e.dtype:
@@ -231,7 +231,7 @@ def _mean_stream(dirs, entries, weights, accumulate, chunk_elems, progress) -> S
     e0 = entries[0]
     dtype, size = e0.dtype, int(np.prod(e0.shape, dtype=np.int64))
     offsets, fortran = _data_offsets(dirs, entries)
-    files = [d._file(e.blocks[0].file) for d, e in zip(dirs, entries)]
+    files = [d.file_path(e.blocks[0].file) for d, e in zip(dirs, entries)]
     acc_dtype = _accumulator(dtype, accumulate)
     total = sum(weights)
     unit = all(w == 1.0 for w in weights)

@@ -98,7 +98,7 @@ class FromFiles:
 def from_entry(data: DataDir, entry: ParamEntry) -> FromFile | FromFiles:
     """A published parameter as files to link."""
     files = tuple(
-        FromFile(data._file(b.file), entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format)
+        FromFile(data.file_path(b.file), entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format)
         for b in entry.blocks
     )
     if len(files) == 1 and files[0].start is None:

@@ -108,7 +108,8 @@ class DataDir:
     def entry(self, subcol: str, name: str) -> ParamEntry:
         return self.subcollections[subcol][name]
 
-    def _file(self, rel: str) -> str:
+    def file_path(self, rel: str) -> str:
+        """The full path of a file named in the manifest, refused if it resolves outside the directory."""
         full = os.path.join(self.path, rel)
         real = os.path.realpath(full)
         if not real.startswith(self._real + os.sep):
@@ -145,7 +146,7 @@ class DataDir:
 
     def _read_block(self, entry: ParamEntry, block: Block, rows: tuple[int, int] | None, *, mmap: bool, verify: bool) -> np.ndarray:
         fmt = FORMATS[block.format]
-        full = self._file(block.file)
+        full = self.file_path(block.file)
         _, bshape = block.box(entry.shape)
         checksum = block.checksum if verify else None
         try:
