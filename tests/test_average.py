@@ -196,3 +196,17 @@ class TestStructure:
         mp.write_text(json.dumps(man))
         with pytest.raises(xser.CheckpointError, match=f"subcollection {sub} is in {path}.data but not in {path}.data.1"):
             average(path, tmp_path / "avg.yaml")
+
+
+def test_progress_reports_every_byte(tmp_path):
+    """progress(total) is called once; its update(n) calls add up to the total bytes averaged."""
+    path, _ = run_of(tmp_path, [1.0, 2.0, 3.0])
+    calls = []
+
+    def start(total):
+        calls.append(("total", total))
+        return lambda n: calls.append(("read", n))
+
+    average(path, tmp_path / "avg.yaml", progress=start)
+    totals = [v for k, v in calls if k == "total"]
+    assert len(totals) == 1 and sum(v for k, v in calls if k == "read") == totals[0] == 3 * (15 + 3 + 3) * 4

@@ -293,14 +293,15 @@ def average(
     accumulate: str = "float64",
     durable: bool = True,
     force: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], Callable[[int], None] | None] | None = None,
     memory_budget: int = MEMORY_BUDGET,
 ) -> AverageReport:
     """Write a new model at ``out`` whose parameters are the mean of ``path``'s selected checkpoints.
 
     Floating-point arrays are accumulated in ``accumulate`` precision (float64 by default, wider
     for wider data) and cast back to their dtype; other arrays (step counters, masks) are copied
-    from the newest selected checkpoint. ``progress(nbytes)`` is called as data is read.
+    from the newest selected checkpoint. ``progress(total_bytes)`` is called once the
+    checkpoints are chosen and may return ``update(nbytes)``, called as data is read.
     """
     path, out = os.fspath(path), os.fspath(out)
     where = Location(path)
@@ -317,6 +318,12 @@ def average(
     for d, c in zip(dirs[1:], chosen[1:]):
         _check_same(dirs[0], d, chosen[0], c)
     newest = dirs[0]
+    if progress is not None:  # the bytes that will be read: the floating arrays of every selected checkpoint
+        total = sum(
+            e.nbytes for d in dirs for ps in d.subcollections.values() for e in ps.values()
+            if e.dtype.kind in "fc" and e.dtype.fields is None
+        )
+        progress = progress(total)
     workers = max(1, pool()._max_workers)
     arrays: dict[str, dict[str, tuple[Any, bool]]] = {}
     averaged, copied = [], []

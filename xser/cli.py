@@ -71,21 +71,24 @@ def _float_list(text: str) -> list[float]:
 
 
 def cmd_avg(args: argparse.Namespace) -> int:
-    from .average import average, select
+    from .average import average
 
-    chosen = select(args.model, last=args.last, indices=args.checkpoints, best=args.best, metric=args.metric, mode=args.mode)
-    from .store import DataDir
+    bars = []
 
-    total = sum(e.nbytes for c in chosen for p in DataDir.open(c.path).subcollections.values() for e in p.values())
-    update, bar = _progress(total, "averaging")
+    def start(total: int):
+        update, bar = _progress(total, "averaging")
+        bars.append(bar)
+        return update
+
     try:
         report = average(
             args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
-            mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=update,
+            mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=start,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        for bar in bars:
+            if bar is not None:
+                bar.close()
     used = ", ".join(
         f"{os.path.basename(c.path)} (step {c.step if c.step is not None else '-'}, weight {w:g})"
         for c, w in zip(report.checkpoints, report.weights)
