@@ -52,7 +52,7 @@ def select(
     mode: str = "max",
 ) -> list[Checkpoint]:
     """The checkpoints to use, newest first: all, the last N, given indices, or the best N by a metric."""
-    ckpts = _listing(path)[0]
+    ckpts = [ck for ck, _ in _listing(path)]
     where = Location(path)
     if not ckpts:
         raise CheckpointError("the model has no checkpoints (no .data directory with a valid manifest)", where)

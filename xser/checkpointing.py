@@ -72,21 +72,20 @@ def _slots(spec_path: str) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def _listing(spec_path: str) -> tuple[list[Checkpoint], list[tuple[int, str, DataError]]]:
-    good, bad = [], []
-    for slot, path in _slots(spec_path):
+def _listing(spec_path: str) -> list[tuple[Checkpoint, DataDir]]:
+    """Every checkpoint with its opened data directory (each manifest is read once)."""
+    out: list[tuple[Checkpoint, DataDir]] = []
+    for _, path in _slots(spec_path):
         try:
-            meta, _ = read_manifest(path)
-        except DataError as e:
-            bad.append((slot, path, e))
-            continue
-        good.append(
-            Checkpoint(
-                len(good), path, meta.get("step"), meta.get("created", ""), dict(meta.get("metrics") or {}),
-                dict(meta.get("training") or {}), dict(meta.get("custom") or {}), "training_state" in meta,
-            )
+            meta, entries = read_manifest(path)
+        except DataError:
+            continue  # not a checkpoint
+        ck = Checkpoint(
+            len(out), path, meta.get("step"), meta.get("created", ""), dict(meta.get("metrics") or {}),
+            dict(meta.get("training") or {}), dict(meta.get("custom") or {}), "training_state" in meta,
         )
-    return good, bad
+        out.append((ck, DataDir(path, meta, entries)))
+    return out
 
 
 def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
@@ -94,7 +93,7 @@ def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
 
     Directories without a valid manifest are not checkpoints and are not listed.
     """
-    return _listing(os.fspath(path))[0]
+    return [ck for ck, _ in _listing(os.fspath(path))]
 
 
 def checkpoint_dir(path: str | os.PathLike, checkpoint: int) -> str:
@@ -413,7 +412,9 @@ def save_checkpoint(
         "custom": plain_json(dict(custom or {}), "custom"),
     }
     spec_text = _render_spec(tree, name if name is not None else experiment_name(obj), path)
-    existing, bad = _listing(path)
+    listed = _listing(path)
+    existing = [ck for ck, _ in listed]
+    opened = {ck.path: d for ck, d in listed}
     structure = _structure(arrays)
     if not restart:
         if policy is None:
@@ -421,14 +422,14 @@ def save_checkpoint(
         else:
             against = existing if check_all else existing[:1]
         for ck in against:
-            problem = _mismatch(structure, _disk_structure(read_manifest(ck.path)[1]))
+            problem = _mismatch(structure, _disk_structure(opened[ck.path].subcollections))
             if problem is not None:
                 fix = "CheckpointSaver(..., restart=True)" if policy is not None else "xser.CheckpointSaver(..., restart=True)"
                 raise CheckpointError(
                     f"the model no longer matches checkpoint {ck.path}: {problem}; to start a new model use {fix}",
                     Location(path),
                 )
-    previous = DataDir.open(existing[0].path) if existing and not restart else None
+    previous = opened[existing[0].path] if existing and not restart else None
     if skip_duplicates and not blocks and not formats and previous is not None and _disk_structure(previous.subcollections) == structure:
         if _same_bytes(arrays, previous):
             _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
