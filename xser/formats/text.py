@@ -166,7 +166,7 @@ class _TextFormat:
         return size, h.hexdigest()
 
     def read(self, path: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
-        data = self._load(path, size, verify)
+        data = load_checked(path, size, verify)
         rows, cols = _rows(shape)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
@@ -178,9 +178,6 @@ class _TextFormat:
 
     def read_rows(self, path: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
         return self.read(path, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
-
-    def _load(self, path: str, size: int, verify: Any) -> bytes:
-        return load_checked(path, size, verify)
 
 
 def load_checked(path: str, size: int, verify: Any) -> bytes:
