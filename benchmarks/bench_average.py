@@ -4,7 +4,7 @@ Five checkpoints of a 1 GiB model (64 float32 arrays), hot page cache. Each side
 child process so that its peak RSS (VmHWM) can be read; baseline is the child's RSS after its
 imports. Sides:
 
-- xser: ``xser.average.average`` (streams chunks, float64 accumulator, writes a new model), and
+- xser: ``xser.tools.average.average`` (streams chunks, float64 accumulator, writes a new model), and
   the same with ``accumulate="float32"``.
 - reference, as fairseq/OpenNMT scripts do it: load each checkpoint whole, sum into float64
   copies of the first, divide, cast back, then ``np.save`` each array.
@@ -38,7 +38,7 @@ def rss(field):
         for line in f:
             if line.startswith(field):
                 return int(line.split()[1]) * 1024
-import xser, xser.average
+import xser, xser.tools.average
 from bench_save_load import Blob
 base = rss("VmRSS:")
 side, model, out, n = {side!r}, {model!r}, {out!r}, {n}
@@ -47,9 +47,9 @@ open("/proc/self/clear_refs", "w").write("5")
 base = rss("VmRSS:")
 t = time.perf_counter()
 if side == "xser":
-    xser.average.average(model, out, durable=False)
+    xser.tools.average.average(model, out, durable=False)
 elif side == "xser float32":
-    xser.average.average(model, out, durable=False, accumulate="float32")
+    xser.tools.average.average(model, out, durable=False, accumulate="float32")
 elif side == "reference":
     paths = [c.path for c in xser.checkpoints(model)]
     acc = None
@@ -133,7 +133,7 @@ def main(argv=None):
                         os.remove(extra)
         import time
 
-        from xser.convert import convert
+        from xser.tools.convert import convert
 
         conv_times = []
         for r in range(args.repeats):

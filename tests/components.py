@@ -7,7 +7,7 @@ from typing import Any, Literal
 import numpy as np
 
 import xser
-from xser.formats.npy import parse_dtype
+from xser.storage.formats.npy import parse_dtype
 
 
 @xser.serializable(tag="!TLinear")

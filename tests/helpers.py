@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 
 import xser
-from xser.formats import npy
+from xser.storage.formats import npy
 
 
 def fail_nth_write(monkeypatch, n: int, code: int = errno.ENOSPC) -> None:
@@ -13,13 +13,13 @@ def fail_nth_write(monkeypatch, n: int, code: int = errno.ENOSPC) -> None:
     real = npy.NpyFormat.write
     calls = {"n": 0}
 
-    def failing(self, path, array, known=None):
+    def failing(self, path, array, known=None, **options):
         calls["n"] += 1
         if calls["n"] == n:
             import os
 
             raise OSError(code, os.strerror(code), path)
-        return real(self, path, array, known)
+        return real(self, path, array, known, **options)
 
     monkeypatch.setattr(npy.NpyFormat, "write", failing)
 
@@ -30,3 +30,27 @@ def save_steps(path: str, component, steps, keep=5) -> None:
         for step in steps:
             component.W[...] = step
             saver.save(component, step=step)
+
+
+def edit_spec(path, fn, slot: str = ".data") -> str:
+    """Edit a saved model's spec as a tamperer or a broken tool would, consistently.
+
+    ``fn(text) -> text`` is applied to the checkpoint's own ``spec.yaml`` (its manifest entry's
+    size and checksum are updated to match) and to the top-level file. Returns the path of the
+    checkpoint's spec file (where load errors now point).
+    """
+    import json
+    from pathlib import Path
+
+    import xxhash
+
+    spec = Path(str(path) + slot) / "spec.yaml"
+    text = fn(spec.read_text())
+    spec.write_text(text)
+    mp = Path(str(path) + slot) / "manifest.json"
+    m = json.loads(mp.read_text())
+    raw = text.encode()
+    m["spec"] = {"file": "spec.yaml", "bytes": len(raw), "xxh3_64": xxhash.xxh3_64_hexdigest(raw)}
+    mp.write_text(json.dumps(m))
+    Path(path).write_text(text)
+    return str(spec)

@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 
 import xser
 from components import Linear, Model, Node, Norm
+from helpers import edit_spec
 from strategies import bit_equal, component_trees, leaf_of, param_sets
-from xser.serialize import to_tree
+from xser.model.serialize import to_tree
 
 HERE = os.path.dirname(__file__)
 GOLDEN = os.path.join(HERE, "data", "golden")
+GOLDEN_V1 = os.path.join(HERE, "data", "golden-v1")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -77,7 +79,7 @@ class TestRoundTrip:
         xser.save(m, path)
         text = Path(path).read_text()
         assert "decoder: !Ref {path: encoder}" in text
-        assert len(os.listdir(path + ".data")) == 2  # one subcollection + manifest
+        assert len(os.listdir(path + ".data")) == 3  # one subcollection, the spec and the manifest
         again = xser.load(path)
         assert again.encoder is again.decoder
 
@@ -221,9 +223,7 @@ class TestLoadRules:
     def test_unused_subcollection_strictness(self, tmp_path):
         """Subcollections on disk that the spec does not use: an error unless strict=False."""
         m, path = self.saved(tmp_path)
-        lines = Path(path).read_text().splitlines()
-        lines = [("  decoder: null" if line.startswith("  decoder:") else line) for line in lines]
-        Path(path).write_text("\n".join(lines) + "\n")
+        edit_spec(path, lambda t: "\n".join(("  decoder: null" if ln.startswith("  decoder:") else ln) for ln in t.splitlines()) + "\n")
         name = xser.params(m.decoder).name
         with pytest.raises(xser.DataError) as info:
             xser.load(path)
@@ -248,8 +248,7 @@ class TestLoadRules:
         """A spec whose shapes differ from the data: the message gives both, as tuples."""
         m, path = self.saved(tmp_path)
         name = xser.params(m.encoder).name
-        text = Path(path).read_text().replace("encoder: !TLinear {in_dim: 2, out_dim: 3", "encoder: !TLinear {in_dim: 2, out_dim: 6")
-        Path(path).write_text(text)
+        edit_spec(path, lambda t: t.replace("encoder: !TLinear {in_dim: 2, out_dim: 3", "encoder: !TLinear {in_dim: 2, out_dim: 6"))
         with pytest.raises(xser.DataError) as info:
             xser.load(path)
         assert str(info.value) == f"{path}.data/{name}: param 'W': shape (6, 2) in spec, (3, 2) on disk"
@@ -259,8 +258,7 @@ class TestLoadRules:
         path = str(tmp_path / "m.yaml")
         leaf = leaf_of({"x": np.zeros(3, np.float32)})
         xser.save(leaf, path)
-        text = Path(path).read_text().replace("<f4", "<f8")
-        Path(path).write_text(text)
+        edit_spec(path, lambda t: t.replace("<f4", "<f8"))
         with pytest.raises(xser.DataError, match=r"param 'x': dtype float64 in spec, float32 on disk"):
             xser.load(path)
 
@@ -276,8 +274,7 @@ class TestLoadRules:
         """A saved component that registers parameters but lost its xser_subcol_name is an error."""
         m, path = self.saved(tmp_path)
         name = xser.params(m.encoder).name
-        text = Path(path).read_text().replace(f", xser_subcol_name: {name}", "")
-        Path(path).write_text(text)
+        edit_spec(path, lambda t: t.replace(f", xser_subcol_name: {name}", ""))
         with pytest.raises(xser.DataError, match="registers parameters, but its saved spec has no xser_subcol_name"):
             xser.load(path)
 
@@ -300,8 +297,7 @@ class TestLoadRules:
     def test_newer_spec_format(self, tmp_path):
         """A spec written by a newer xser is refused with both versions."""
         _, path = self.saved(tmp_path)
-        text = Path(path).read_text().replace("xser_format: 1", "xser_format: 9")
-        Path(path).write_text(text)
+        edit_spec(path, lambda t: t.replace("xser_format: 1", "xser_format: 9"))
         with pytest.raises(xser.SpecError, match="xser_format 9 was written by a newer xser"):
             xser.load(path)
 
@@ -338,7 +334,17 @@ class TestGoldenFormat:
                 expected[os.path.relpath(full, GOLDEN)] = Path(full).read_bytes()
         normal = produced["model.yaml.data/manifest.json"].decode()
         normal = normal.replace(manifest["created"], "CREATED").replace(f'"xser_version": "{xser.__version__}"', '"xser_version": "VERSION"')
+        normal = normal.replace(manifest["id"], "ID").replace(manifest["model"], "MODEL")
         produced["model.yaml.data/manifest.json"] = normal.encode()
         assert sorted(produced) == sorted(expected)
         for name in expected:
             assert produced[name] == expected[name], name
+
+    def test_format_version_1_still_loads(self, tmp_path):
+        """A model saved by xser 0.1 (format_version 1: no spec copy, no ids) loads with its top-level spec."""
+        shutil.copytree(GOLDEN_V1, tmp_path / "old")
+        path = tmp_path / "old" / "model.yaml"
+        exp = xser.load(path)
+        assert np.all(exp["model"].encoder.W == 1) and exp["tied"] is exp["model"].encoder
+        (ck,) = xser.checkpoints(path)
+        assert ck.id is None and ck.step is None

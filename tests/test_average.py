@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 import xser
 from components import Linear, Model, Norm
 from strategies import bit_equal, leaf_of
-from xser.average import average, select
+from xser.tools.average import average, select
 
 
 def run_of(tmp_path, values, metrics=None, keep=10):

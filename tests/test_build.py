@@ -9,7 +9,7 @@ import pytest
 
 import xser
 from components import Counter, Linear, Model, Node, Vocab
-from xser.serialize import to_tree
+from xser.model.serialize import to_tree
 
 
 def write(tmp_path, text, name="c.yaml"):

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 import xser
 from components import Linear, Model
 from helpers import fail_nth_write, save_steps
-from xser.checkpointing import AnyOf, Checkpoint, KeepBest, KeepEvery, KeepLast, plan
+from xser.checkpoints.policy import AnyOf, KeepBest, KeepEvery, KeepLast
+from xser.checkpoints.policy import retain as plan
+from xser.storage.listing import Checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -10,7 +10,7 @@ import pytest
 
 import xser
 from components import Linear, Model, Norm
-from xser.convert import convert, convert_all, numbered
+from xser.tools.convert import convert, convert_all, numbered
 
 
 @pytest.fixture
@@ -108,8 +108,8 @@ class TestConvert:
 
 def test_tools_keep_unknown_tags(tmp_path, run):
     """convert, ensemble and avg work on specs whose classes this process does not know."""
-    from xser.average import average
-    from xser.ensemble import ensemble
+    from xser.tools.average import average
+    from xser.tools.ensemble import ensemble
 
     path, _ = run
     text = Path(path).read_text().replace("!TModel", "!SomebodyElsesModel")

@@ -7,7 +7,7 @@ import pytest
 
 import xser
 from components import Linear, Model, Norm
-from xser.ensemble import Ensemble, ensemble
+from xser.tools.ensemble import Ensemble, ensemble
 
 
 def saved(tmp_path, name, value):

@@ -2,7 +2,7 @@
 
 import xser
 from components import Linear, Model
-from xser.inspect import open_model
+from xser.tools.inspect import open_model
 
 
 def test_lines_list_refs_and_missing(tmp_path):

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 
 import xser
 from strategies import arrays, bit_equal
-from xser.formats.npy import NPY, describe_dtype, parse_dtype
+from xser.storage.formats.npy import NPY, describe_dtype, parse_dtype
 
 
 class TestNpy:

@@ -5,7 +5,7 @@ import pytest
 
 import xser
 from components import Linear, Node
-from xser.params import INITS
+from xser.model.params import INITS
 
 
 @xser.serializable(tag="!PHolder")
@@ -101,6 +101,6 @@ class TestReplace:
 
     def test_component_without_params(self):
         """A component that never calls xser.params has no subcollection."""
-        from xser.params import subcollection_of
+        from xser.model.params import subcollection_of
 
         assert subcollection_of(Node(1)) is None

@@ -3,7 +3,7 @@
 import pytest
 
 import xser
-from xser.refs import NotFound, Resolver, parse_path
+from xser.model.refs import NotFound, Resolver, parse_path
 from xser.spec import parse
 
 

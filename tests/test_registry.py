@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 import xser
-from xser.registry import _unregister, info_for, lookup
+from xser.model.registry import _unregister, info_for, lookup
 
 
 class TestSerializable:

@@ -5,7 +5,7 @@ import pytest
 
 import xser
 from components import Linear, Model, Node
-from xser.serialize import to_tree
+from xser.model.serialize import to_tree
 from xser.spec import Tagged
 
 
@@ -73,6 +73,6 @@ class TestToTree:
             with pytest.raises(xser.RegistryError, match=r"returned unknown argument\(s\) 'b'"):
                 to_tree(Hooked())
         finally:
-            from xser.registry import _unregister
+            from xser.model.registry import _unregister
 
             _unregister("!SerHook")

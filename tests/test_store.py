@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 import xser
 from components import Linear
 from helpers import fail_nth_write
-from xser.commit import publish, stage
-from xser.store import DataDir
+from xser.storage.commit import finish, stage
+from xser.storage.opened import OpenedDir as DataDir
+from xser.storage.plan import plan_save
+from xser.storage.write import write
 
 
 @pytest.fixture
@@ -63,7 +65,11 @@ class TestManifest:
 
     BAD = [
         (lambda m: m.pop("format"), 'corrupt manifest: not an xser manifest (no "format": "xser")'),
-        (lambda m: m.update(format_version="1"), "corrupt manifest: format_version must be an int, got '1'"),
+        (lambda m: m.update(format_version="1"), "corrupt manifest: format_version must be an int >= 1, got '1'"),
+        (lambda m: m.update(id=None), "corrupt manifest: 'id' must be a non-empty string of at most 64 characters, got None"),
+        (lambda m: m.pop("spec"), "corrupt manifest: missing field 'spec' (the checkpoint's own spec file)"),
+        (lambda m: m["spec"].update(bytes="x"), "corrupt manifest: spec: bad byte size 'x'"),
+        (lambda m: m.update(step="3"), "corrupt manifest: 'step' must be an int or null, got '3'"),
         (lambda m: m.update(subcollections=[]), 'corrupt manifest: "subcollections" must be a mapping'),
         (lambda m: m.update(custom=[]), "corrupt manifest: 'custom' must be a mapping"),
         (lambda m: first(m).pop("dtype"), "corrupt manifest: {sub}/W: missing field 'dtype'"),
@@ -118,7 +124,17 @@ class TestConfinement:
         target = Path(path + ".data") / sub / "W.npy"
         target.unlink()
         target.symlink_to(outside)
-        with pytest.raises(xser.DataError, match="resolves outside the data directory"):
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == f"{target}: file '{sub}/W.npy' is a symbolic link or passes through one (never followed)"
+
+    def test_symlink_inside_directory(self, model):
+        """No link is followed, even one that stays inside the directory: xser never writes links."""
+        _, path, sub = model
+        target = Path(path + ".data") / sub / "W.npy"
+        os.rename(target, target.with_name("real.npy"))
+        target.symlink_to("real.npy")
+        with pytest.raises(xser.DataError, match="is a symbolic link or passes through one"):
             xser.load(path)
 
     def test_linked_subcollection_directory(self, model, tmp_path):
@@ -128,7 +144,15 @@ class TestConfinement:
         moved = tmp_path / "elsewhere"
         d.rename(moved)
         d.symlink_to(moved)
-        with pytest.raises(xser.DataError, match="resolves outside the data directory"):
+        with pytest.raises(xser.DataError, match="is a symbolic link or passes through one"):
+            xser.load(path)
+
+    def test_data_directory_is_a_link(self, model, tmp_path):
+        """The data directory itself may not be a symbolic link."""
+        _, path, _ = model
+        os.rename(path + ".data", tmp_path / "real")
+        os.symlink(tmp_path / "real", path + ".data")
+        with pytest.raises(xser.DataError, match="never a symbolic link"):
             xser.load(path)
 
 
@@ -192,8 +216,9 @@ class TestCorruptFiles:
         """A file listed in the manifest but gone is named."""
         _, path, sub = model
         (Path(path + ".data") / sub / "W.npy").unlink()
-        with pytest.raises(xser.DataError, match=f"file of param 'W' of {sub} is missing"):
+        with pytest.raises(xser.DataError) as info:
             xser.load(path)
+        assert str(info.value) == f"{path}.data/{sub}/W.npy: file '{sub}/W.npy' named in the manifest is missing"
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(data=st.data())
@@ -238,8 +263,10 @@ class TestAtomicWrite:
 
     def test_empty_subcollection_has_entry(self, tmp_path):
         """A subcollection without parameters still has its (empty) entry."""
-        staged = stage(str(tmp_path / "d"), {"Empty.0000000a": {}}, durable=False)
-        publish(staged.path, str(tmp_path / "d"))
+        plan = plan_save({"Empty.0000000a": {}})
+        with stage(str(tmp_path / "d"), durable=False) as staging:
+            finish(staging, plan, write(staging.path, plan, durable=False), {}, id="a" * 32, model="b" * 32)
+        os.rename(staging.path, tmp_path / "d")
         assert os.listdir(tmp_path / "d" / "Empty.0000000a") == []
         assert DataDir.open(tmp_path / "d").subcollections == {"Empty.0000000a": {}}
 
@@ -247,7 +274,7 @@ class TestAtomicWrite:
 class TestPublish:
     def test_resave_without_atomic_exchange(self, tmp_path, monkeypatch):
         """Where the OS cannot swap directories, re-saves still replace the data and clean up."""
-        monkeypatch.setattr("xser.commit._RENAMEAT2", None)
+        monkeypatch.setattr("xser.storage.commit._RENAMEAT2", None)
         path = str(tmp_path / "m.yaml")
         lin = Linear(2, 3)
         xser.save(lin, path)

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 import xser
 from components import Linear
 from strategies import bit_equal, leaf_of
-from xser.formats.text import DENSE_TEXT, SPARSE_TEXT, format_float32, parse_float32
+from xser.storage.formats.text import DENSE_TEXT, SPARSE_TEXT, format_float32, parse_float32
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -72,7 +72,7 @@ class TestFormatsInModels:
             assert (tmp_path / "b.yaml.data" / name / "w.npy").exists()
             assert np.array_equal(xser.load(tmp_path / "a.yaml").__dict__["_xser_params"]["w"], np.eye(4))
         finally:
-            from xser.registry import _unregister
+            from xser.model.registry import _unregister
 
             _unregister("!TSparseHolder")
 

@@ -4,7 +4,7 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from xser.typecheck import check
+from xser.model.typecheck import check
 
 OK = [
     (1, int, 1), (1, float, 1.0), (1.5, float, 1.5), ("a", str, "a"), (True, bool, True), (None, None, None),

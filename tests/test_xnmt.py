@@ -52,7 +52,7 @@ class TestImport:
 
     def test_average_is_unchanged_by_import(self, imported, tmp_path):
         """Averaging the imported checkpoints gives the mean of XNMT's three files."""
-        from xser.average import average
+        from xser.tools.average import average
 
         average(imported, tmp_path / "avg.yaml")
         avg = xser.read_params(tmp_path / "avg.yaml")["MlpAttender-3b337990"]["_0"]
@@ -62,7 +62,7 @@ class TestImport:
 
     def test_convert_gives_fresh_xnmt_style_names(self, imported, tmp_path):
         """convert works on an imported model; names keep XNMT's '-' separator."""
-        from xser.convert import convert
+        from xser.tools.convert import convert
 
         report = convert(imported, tmp_path / "c.yaml", checkpoint=2)
         new = report.renamed["MlpAttender-3b337990"]
@@ -82,7 +82,7 @@ class TestExport:
 
     def test_changed_names_write_a_new_spec(self, imported, tmp_path):
         """After convert (fresh names) the .mod is written from the spec, with xnmt_subcol_name."""
-        from xser.convert import convert
+        from xser.tools.convert import convert
 
         convert(imported, tmp_path / "c.yaml")
         export_xnmt(tmp_path / "c.yaml", tmp_path / "c.mod")

@@ -1,66 +1,59 @@
-"""The public verbs: ``load_config``, ``save``, ``load``, ``read_params``."""
+"""The public verbs: ``load_config``, ``build``, ``save``, ``load``, ``read_params``, ``load_training_state``.
+
+Readers open one checkpoint (a directory descriptor plus its manifest) and read its spec and
+files through it, so a saver rotating checkpoints in another process never gives them a mix
+of two checkpoints. If the checkpoint is deleted while it is read (pruned), they start over
+from the model's name a few times before giving up with a ``CheckpointError``.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .checkpoints.saver import SaveOptions, save_model
+from .errors import CheckpointError, Location, SpecError
+from .model.build import ExperimentSpec, build_spec
+from .model.build import build as _build
+from .spec import read
+from .spec.saved import is_saved, open_saved
+from .storage import training_state
+from .storage.listing import open_checkpoint
+from .storage.opened import CheckpointVanished, gather
+
+__all__ = ["build", "load", "load_config", "load_training_state", "read_params", "save"]
+
+T = TypeVar("T")
+#: times a reader starts over when the checkpoint it reads is pruned under it
+RETRIES = 5
 
 
-from .build import Experiment, ExperimentSpec, build_spec
-from .errors import Location, SpecError
-from .spec import Doc, read
-from .store import DataDir, data_dir_of
-
-__all__ = ["load", "load_config", "read_model_spec", "read_params", "save"]
-
-SPEC_FORMAT = 1
-_HEADER = "# xser saved model: the spec of one experiment; its parameters are in {data}/\n"
-
-
-def spec_header(path: str) -> str:
-    return _HEADER.format(data=os.path.basename(path) + ".data")
-
-
-def _is_saved(doc: Doc) -> bool:
-    return isinstance(doc.tree, dict) and "xser_format" in doc.tree
-
-
-def _saved_spec(doc: Doc, path: str, data: str | None = None) -> ExperimentSpec:
-    tree = doc.tree
-    version = tree.get("xser_format")
-    loc = doc.where(tree, "xser_format")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise SpecError(f"xser_format must be an int, got {version!r}", loc)
-    if version > SPEC_FORMAT:
-        raise SpecError(f"xser_format {version} was written by a newer xser (this one reads <= {SPEC_FORMAT})", loc)
-    unknown = set(tree) - {"xser_format", "name", "experiment"}
-    if unknown:
-        key = sorted(unknown, key=str)[0]
-        raise SpecError(f"unknown top-level key {key!r} in a saved model", doc.where(tree, key, of_key=True))
-    if "experiment" not in tree:
-        raise SpecError("saved model has no 'experiment'", doc.where(tree))
-    name = tree.get("name")
-    return ExperimentSpec(name, tree["experiment"], doc, path, data or data_dir_of(path))
-
-
-def read_model_spec(path: str | os.PathLike, checkpoint: int = 0) -> ExperimentSpec:
-    """The one experiment of a saved model file (``xser_format`` at the top)."""
-    from .checkpointing import checkpoint_dir
-
-    path = os.fspath(path)
-    doc = read(path)
-    if not _is_saved(doc):
-        raise SpecError("not a saved xser model (no xser_format key); is this a config file?", Location(path, 1, 1))
-    return _saved_spec(doc, path, checkpoint_dir(path, checkpoint))
+def retrying(path: str, fn: Callable[[], T]) -> T:
+    """``fn()``, started over if the checkpoint it reads was removed meanwhile (a few times)."""
+    for _ in range(RETRIES):
+        try:
+            return fn()
+        except CheckpointVanished:
+            continue
+    raise CheckpointError(
+        f"the checkpoint was removed while it was being read, {RETRIES} times in a row (a saver is pruning it); "
+        "read an older checkpoint or keep more of them",
+        Location(path),
+    )
 
 
 def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
-    """The experiments of a config file, ``{name: spec}`` in file order (unbuilt)."""
+    """The experiments of a config file, ``{name: spec}`` in file order (unbuilt).
+
+    A saved model's file gives its one experiment, with the spec its newest checkpoint was saved with.
+    """
     path = os.fspath(path)
     doc = read(path)
-    if _is_saved(doc):
-        spec = _saved_spec(doc, path)
-        return {spec.name if spec.name is not None else os.path.basename(path): spec}
+    if is_saved(doc):
+        saved = open_saved(path)
+        name = saved.name if saved.name is not None else os.path.basename(path)
+        return {name: ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)}
     if doc.tree is None:
         return {}
     if not isinstance(doc.tree, dict):
@@ -75,10 +68,14 @@ def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
     return out
 
 
-def experiment_name(obj: Any) -> str | None:
-    if isinstance(obj, Experiment):
-        return obj.name
-    return getattr(obj, "__dict__", {}).get("_xser_experiment")
+def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = None, seed: Any = None) -> Any:
+    """Build the object graph of one experiment (parameters are numpy arrays).
+
+    Components loaded with ``!LoadSerialized`` come from one whole checkpoint each; if one is
+    pruned while it is read, the build starts over.
+    """
+    where = getattr(spec, "file", None) or "<spec>"
+    return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
 
 
 def save(
@@ -91,8 +88,9 @@ def save(
     custom: dict | None = None,
     blocks: dict | None = None,
     formats: dict | None = None,
+    threads: int = 2,
 ) -> None:
-    """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters).
+    """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters and its own spec copy).
 
     ``blocks`` maps ``"subcollection/param"`` glob patterns to a block size: an int (rows per
     block) or a tuple (rows, columns, ...). Matching parameters are stored as blocks of
@@ -101,21 +99,13 @@ def save(
     registered one), or to ``(name, {options})`` such as ``("sparse-text", {"threshold": 1e-3})``;
     it overrides the format a component declared with ``add(..., format=...)``.
 
-    Replaces the newest checkpoint; older ones (``.data.1``, ...) are kept and must still
-    match the model. ``training`` and ``custom`` are JSON mappings stored in the
-    manifest; xser never writes ``custom`` itself. A durable save fsyncs files and
-    directories before it returns; ``durable=False`` skips that.
+    Replaces the newest checkpoint by one atomic exchange; older ones (``.data.1``, ...) are
+    kept and must still match the model. ``training`` and ``custom`` are JSON mappings stored
+    in the manifest; xser never writes ``custom`` itself. A durable save fsyncs files and
+    directories before it returns; ``durable=False`` skips that. ``threads`` files are written
+    at once.
     """
-    from .checkpointing import save_checkpoint
-    from .commit import ModelLock, clean_temporaries
-
-    path = os.fspath(path)
-    with ModelLock(path):
-        clean_temporaries(path)
-        save_checkpoint(
-            obj, path, policy=None, durable=durable, name=name, training=training, custom=custom, blocks=blocks,
-            formats=formats,
-        )
+    save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads), name=name, training=training, custom=custom)
 
 
 def load(
@@ -127,17 +117,24 @@ def load(
     checkpoint: int = 0,
     rows: dict | None = None,
 ) -> Any:
-    """Build a saved model; its parameters come from ``path.data/``.
+    """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
     ``mmap=True`` maps arrays copy-on-write (lazy, fast open). ``strict=False``
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
-    every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``).
+    every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``)
+    with the spec it was saved with.
     ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
     component then holds a partial array: its first dimension is ``stop - first``).
     """
-    spec = read_model_spec(path, checkpoint)
-    return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows)
+    path = os.fspath(path)
+
+    def once() -> Any:
+        with open_saved(path, checkpoint) as saved:
+            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows)
+
+    return retrying(path, once)
 
 
 def read_params(
@@ -153,8 +150,27 @@ def read_params(
     ``rows={"subcol/param": (first, stop)}`` reads only those rows of those parameters: only
     the blocks that overlap them, and inside each only their bytes.
     """
-    from .checkpointing import checkpoint_dir
+    path = os.fspath(path)
 
-    return DataDir.open(checkpoint_dir(path, checkpoint)).read_all(mmap=mmap, verify=verify, rows=rows)
+    def once() -> Any:
+        with open_checkpoint(path, checkpoint) as data:
+            return data.read_all(mmap=mmap, verify=verify, rows=rows)
+
+    return retrying(path, once)
+
+
+def load_training_state(path: str | os.PathLike, *, checkpoint: int = 0, mmap: bool = False) -> Any:
+    """The ``training_state`` saved with a checkpoint (arrays back as numpy arrays)."""
+    path = os.fspath(path)
+
+    def once() -> Any:
+        with open_checkpoint(path, checkpoint) as data:
+            if data.manifest.state is None:
+                raise CheckpointError("this checkpoint was saved without training_state", Location(data.path))
+            futs = data.read_many(data.manifest.state_entries.values(), mmap=mmap)
+            arrays = gather(futs, {"training_state": {}})["training_state"]
+            return training_state.decode(data.manifest.state, arrays)
+
+    return retrying(path, once)
 
 

@@ -33,14 +33,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspect import open_model
+    from .tools.inspect import open_model, verify_model
 
     view = open_model(args.model, args.checkpoint)
-    print("\n".join(view.lines()))
+    try:
+        print("\n".join(view.lines()))
+    finally:
+        view.data.close()
     if args.verify:
-        view.data.read_all(verify=True)
-        n = sum(len(p) for p in view.data.subcollections.values())
-        print(f"\nverified: {n} files match their checksums")
+        print("")
+        for line in verify_model(args.model):
+            print(f"verified {line}")
     return 0
 
 
@@ -71,7 +74,7 @@ def _float_list(text: str) -> list[float]:
 
 
 def cmd_avg(args: argparse.Namespace) -> int:
-    from .average import average
+    from .tools.average import average
 
     bars = []
 
@@ -104,7 +107,7 @@ def cmd_avg(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .convert import convert, convert_all
+    from .tools.convert import convert, convert_all
 
     kw = dict(keep_training_state=args.keep_training_state, force=args.force)
     reports = convert_all(args.model, args.out, **kw) if args.all else [convert(args.model, args.out, checkpoint=args.checkpoint, **kw)]
@@ -114,7 +117,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_ensemble(args: argparse.Namespace) -> int:
-    from .ensemble import ensemble
+    from .tools.ensemble import ensemble
 
     r = ensemble(args.models, args.out, rename=args.rename, path=args.path, force=args.force)
     print(f"wrote {r.out}: an !Ensemble of {len(r.members)} members")

@@ -156,9 +156,9 @@ def ensemble_predict(ens: xser.Ensemble, x) -> np.ndarray:
 
 def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[str], None] = print) -> float:
     """Train with checkpoints, save, load, average, convert and ensemble; returns the final test accuracy."""
-    from .average import average
-    from .convert import convert_all
-    from .ensemble import ensemble
+    from .tools.average import average
+    from .tools.convert import convert_all
+    from .tools.ensemble import ensemble
 
     experiments = xser.load_config(config)
     name = experiment or next(iter(experiments))

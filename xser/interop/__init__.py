@@ -1,4 +1,8 @@
-"""Reading and writing the model files of other systems: DiSMEC++, Angel, XNMT."""
+"""Reading and writing the model files of other systems: DiSMEC++, Angel, XNMT.
+
+The top layer beside ``tools``: may import everything below the CLI. The codecs themselves
+(DyNet text, Angel partitions) live in ``storage.formats`` so that weight formats can use them.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,16 @@ from ..errors import DataError, Location, did_you_mean
 
 def read_param(model: str | os.PathLike, param: str, checkpoint: int = 0) -> np.ndarray:
     """One parameter (``"<subcollection>/<param>"``, as ``xser inspect`` lists it) of a saved model."""
-    from ..checkpointing import checkpoint_dir
-    from ..store import DataDir
+    from ..api import retrying
+    from ..storage.listing import open_checkpoint
 
-    data = DataDir.open(checkpoint_dir(model, checkpoint))
-    sub, _, name = param.partition("/")
-    entry = data.subcollections.get(sub, {}).get(name)
-    if entry is None:
-        known = [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
-        raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
-    return np.asarray(data.read(entry))
+    def once() -> np.ndarray:
+        with open_checkpoint(model, checkpoint) as data:
+            sub, _, name = param.partition("/")
+            entry = data.subcollections.get(sub, {}).get(name)
+            if entry is None:
+                known = [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
+                raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
+            return np.asarray(data.read(entry))
+
+    return retrying(os.fspath(model), once)

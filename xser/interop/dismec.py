@@ -24,8 +24,8 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean
-from ..params import fresh_name, params
-from ..registry import serializable
+from ..model.params import fresh_name, params
+from ..model.registry import serializable
 
 __all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
 
@@ -122,19 +122,19 @@ def _read_text(fmt: Any, path: str, count: int, features: int) -> np.ndarray:
 
 
 def _read_dense_text(path: str, count: int, features: int) -> np.ndarray:
-    from ..formats.text import DENSE_TEXT
+    from ..storage.formats.text import DENSE_TEXT
 
     return _read_text(DENSE_TEXT, path, count, features)
 
 
 def _read_sparse_text(path: str, count: int, features: int) -> np.ndarray:
-    from ..formats.text import SPARSE_TEXT
+    from ..storage.formats.text import SPARSE_TEXT
 
     return _read_text(SPARSE_TEXT, path, count, features)
 
 
 def _read_npy(path: str, count: int, features: int) -> np.ndarray:
-    from ..formats.npy import read_header
+    from ..storage.formats.npy import read_header
 
     with open(path, "rb") as f:
         shape, fortran, dtype, offset = read_header(f, path)
@@ -167,9 +167,10 @@ def read_dismec(meta_path: str | os.PathLike) -> tuple[dict, list[tuple[WeightFi
 
 def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
     """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name."""
-    from ..api import SPEC_FORMAT, spec_header
-    from ..checkpointing import write_new_model
+    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
+    from ..spec.saved import SPEC_FORMAT, spec_header
 
     meta_path, out = os.fspath(meta_path), os.fspath(out)
     meta, parts = read_dismec(meta_path)
@@ -187,8 +188,8 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
     }
     meta_out["training"]["dismec_metadata"] = extra
     write_new_model(
-        out, {name: {"weights": (weights, True)}}, text, meta_out, durable=durable, force=force,
-        blocks={f"{name}/weights": blocks} if len(blocks) > 1 else None,
+        out, [Snapshot(text, {name: {"weights": (weights, True)}}, meta_out)],
+        SaveOptions(durable, blocks={f"{name}/weights": blocks} if len(blocks) > 1 else None), force=force,
     )
     return name
 

@@ -1,0 +1,112 @@
+"""Retention policies: pure functions from a list of checkpoints to the indices to keep.
+
+``best_n`` is the one implementation of "the best N by a metric"; retention (``KeepBest``) and
+``xser avg --best`` both use it, and both ignore checkpoints whose score is missing, not a
+number, or NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from ..errors import CheckpointError
+from ..storage.listing import Checkpoint
+
+__all__ = ["AnyOf", "KeepBest", "KeepEvery", "KeepLast", "Policy", "as_policy", "best_n", "retain", "score"]
+
+
+class Policy(Protocol):
+    def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
+        """Indices (into ``ckpts``, newest first) this policy wants kept."""
+        ...
+
+
+def score(ck: Checkpoint, metric: str) -> float | None:
+    """The checkpoint's value of ``metric`` if it is a real number (not NaN), else None."""
+    v = ck.metrics.get(metric)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+        return float(v)
+    return None
+
+
+def best_n(ckpts: Sequence[Checkpoint], n: int, metric: str, mode: str = "max") -> list[int]:
+    """Indices of the ``n`` best checkpoints by ``metric`` (ties go to the newer), newest first."""
+    if mode not in ("max", "min"):
+        raise CheckpointError(f"mode must be 'max' or 'min', got {mode!r}")
+    scored = [(s, i) for i, c in enumerate(ckpts) if (s := score(c, metric)) is not None]
+    sign = -1 if mode == "max" else 1
+    scored.sort(key=lambda t: (sign * t[0], t[1]))
+    return sorted(i for _, i in scored[:n])
+
+
+class _Combinable:
+    def __or__(self, other: Policy) -> AnyOf:
+        return AnyOf((self, other))
+
+
+@attrs.frozen
+class KeepLast(_Combinable):
+    """Keep the newest ``n``."""
+
+    n: int = attrs.field(validator=attrs.validators.ge(0))
+
+    def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
+        return set(range(min(self.n, len(ckpts))))
+
+
+@attrs.frozen
+class KeepBest(_Combinable):
+    """Keep the ``n`` best by ``metric`` (``mode="max"`` or ``"min"``); ties go to the newer; NaN never counts."""
+
+    n: int = attrs.field(validator=attrs.validators.ge(0))
+    metric: str = attrs.field(validator=attrs.validators.instance_of(str))
+    mode: str = attrs.field(default="max", validator=attrs.validators.in_(("max", "min")))
+
+    def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
+        return set(best_n(ckpts, self.n, self.metric, self.mode))
+
+
+@attrs.frozen
+class KeepEvery(_Combinable):
+    """Keep every checkpoint whose step is a multiple of ``k``."""
+
+    k: int = attrs.field(validator=attrs.validators.ge(1))
+
+    def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
+        return {i for i, c in enumerate(ckpts) if isinstance(c.step, int) and c.step % self.k == 0}
+
+
+@attrs.frozen
+class AnyOf(_Combinable):
+    """Keep what any of the policies keeps (``KeepLast(3) | KeepBest(2, "bleu")``)."""
+
+    policies: tuple
+
+    def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
+        out: set[int] = set()
+        for p in self.policies:
+            out |= p.keep(ckpts)
+        return out
+
+
+def retain(ckpts: Sequence[Checkpoint], policy: Policy) -> list[int]:
+    """The indices to keep, newest first: what the policy keeps, and always the newest."""
+    if not ckpts:
+        return []
+    keep = {i for i in policy.keep(ckpts) if 0 <= i < len(ckpts)} | {0}
+    return sorted(keep)
+
+
+def as_policy(keep: Any) -> Policy:
+    if keep is None:
+        return KeepLast(1)
+    if isinstance(keep, bool) or (isinstance(keep, int) and keep < 1):
+        raise CheckpointError(f"keep must be an int >= 1 or a policy, got {keep!r}")
+    if isinstance(keep, int):
+        return KeepLast(keep)
+    if not callable(getattr(keep, "keep", None)):
+        raise CheckpointError(f"keep must be an int >= 1 or a policy, got {keep!r}")
+    return keep

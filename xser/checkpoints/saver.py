@@ -1,0 +1,284 @@
+"""Saving: ``save_model`` (``xser.save``), ``CheckpointSaver`` and ``write_new_model`` (tools).
+
+All three run the same steps: snapshot (``snapshot.py``) -> plan -> write (N threads) ->
+finish (manifest last) -> publish (``publish.py``), then the top-level spec file is brought in
+step. They differ only in the publish step: replace the newest checkpoint, rotate under a
+retention policy, or replace the whole model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ..errors import CheckpointError, Location
+from ..storage.commit import finish, new_id, remove_leftovers, stage
+from ..storage.layout import data_dir_of
+from ..storage.listing import Checkpoint, scan
+from ..storage.lock import ModelLock
+from ..storage.manifest import ParamEntry
+from ..storage.plan import plan_save
+from ..storage.write import write
+from .policy import Policy, as_policy, retain
+from .publish import publish_new_model, recover, replace_newest, rotate, sync_spec
+from .snapshot import Snapshot, snapshot
+
+__all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
+
+_log = logging.getLogger("xser")
+
+
+def _mapping(value: Any) -> dict:
+    return dict(value or {})
+
+
+@attrs.frozen
+class SaveOptions:
+    """How a save writes: durability, block sizes and formats by pattern, writer threads."""
+
+    durable: bool = True
+    blocks: dict = attrs.field(factory=dict, converter=_mapping)
+    formats: dict = attrs.field(factory=dict, converter=_mapping)
+    threads: int = 2
+
+
+@attrs.frozen
+class SaveReport:
+    """What a checkpoint save did."""
+
+    skipped: bool  # the arrays equalled the newest checkpoint's: nothing was written
+    path: str | None  # the new checkpoint's directory (None when skipped)
+    written: int = 0  # files written
+    linked: int = 0  # files hard-linked from the previous checkpoint
+    removed: tuple[str, ...] = ()  # checkpoints the policy dropped (their directories, before removal)
+    spec_written: bool = False  # the top-level spec file was (re)written
+    id: str | None = None  # the new checkpoint's id
+    set_aside: tuple[str, ...] = ()  # slots without a valid manifest, moved to <model>.data.damaged-*
+
+
+def _disk_structure(entries: Mapping[str, Mapping[str, ParamEntry]]) -> dict:
+    return {s: {n: (e.dtype, e.shape) for n, e in ps.items()} for s, ps in entries.items()}
+
+
+def _mismatch(new: dict, old: dict) -> str | None:
+    if new == old:
+        return None
+    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+    if gone or added:
+        parts = []
+        if added:
+            parts.append(f"new subcollections {', '.join(added)}")
+        if gone:
+            parts.append(f"missing subcollections {', '.join(gone)}")
+        return "; ".join(parts)
+    for sub in sorted(new):
+        if new[sub] != old[sub]:
+            for name in sorted(set(new[sub]) | set(old[sub])):
+                a, b = new[sub].get(name), old[sub].get(name)
+                if a != b:
+                    def show(t):
+                        return "absent" if t is None else f"{tuple(t[1])!r} {t[0]}"
+                    return f"{sub}: param {name!r} is {show(a)} in the model, {show(b)} in the checkpoint"
+    return "differs"
+
+
+def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, Any]], fix: str) -> None:
+    structure = snap.structure
+    for ck, d in against:
+        problem = _mismatch(structure, _disk_structure(d.subcollections))
+        if problem is not None:
+            raise CheckpointError(
+                f"the model no longer matches checkpoint {ck.path}: {problem}; to start a new model use {fix}", Location(path)
+            )
+
+
+def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
+    """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
+    plan = plan_save(
+        snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
+        formats=snap.formats, blocks=options.blocks, previous=previous,
+    )
+    staging = stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
+    results = write(staging.path, plan, durable=options.durable, threads=options.threads)
+    finish(staging, plan, results, snap.meta, id=new_id(), model=model)
+    return staging
+
+
+def save_locked(
+    path: str,
+    snap: Snapshot,
+    options: SaveOptions,
+    *,
+    policy: Policy | None,
+    restart: bool = False,
+    check_all: bool = True,
+    skip_duplicates: bool = False,
+) -> SaveReport:
+    """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
+    with scan(path) as s:
+        aside = recover(path, s, durable=options.durable)
+        existing = s.listed
+        if not restart:
+            if policy is None:  # xser.save replaces slot 0; every other checkpoint stays and must match
+                newest = data_dir_of(path, 0)
+                against = [(c, d) for c, d in existing if os.path.abspath(c.path) != os.path.abspath(newest)]
+                _check_against(path, snap, against, "xser.CheckpointSaver(..., restart=True)")
+            else:
+                _check_against(path, snap, existing if check_all else existing[:1], "CheckpointSaver(..., restart=True)")
+        previous = existing[0][1] if existing and not restart else None
+        model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
+        if skip_duplicates and previous is not None and not options.blocks and not snap.formats:
+            if _disk_structure(previous.subcollections) == snap.structure and _same_bytes(snap, previous):
+                _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
+                return SaveReport(True, None, set_aside=aside)
+        with contextlib.ExitStack() as stack:
+            staging = _stage_and_write(stack, path, snap, options, previous, model)
+            if restart:
+                drop = [c.path for c, _ in existing]
+                publish_new_model(path, [staging.path], drop, options.durable)
+            elif policy is None:
+                drop = [c.path for c, _ in existing if os.path.abspath(c.path) == os.path.abspath(data_dir_of(path, 0))]
+                replace_newest(path, staging.path, options.durable)
+            else:
+                meta = staging.manifest
+                new = Checkpoint(0, staging.path, meta["step"], meta["created"], meta["metrics"])
+                listed = [new] + [attrs.evolve(c, index=i + 1) for i, (c, _) in enumerate(existing)]
+                kept = retain(listed, policy)
+                keep_dirs = [listed[i].path for i in kept if i > 0]
+                drop = [c.path for c, _ in existing if c.path not in keep_dirs]
+                rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
+    spec_written = sync_spec(path, snap.spec_text, options.durable)
+    return SaveReport(
+        False, data_dir_of(path, 0), staging.written, staging.linked, tuple(drop), spec_written, staging.manifest["id"], aside
+    )
+
+
+def _same_bytes(snap: Snapshot, previous: Any) -> bool:
+    from ..storage.formats import FORMATS
+
+    import numpy as np
+
+    for sub, params in snap.arrays.items():
+        for name, (arr, _) in params.items():
+            entry = previous.subcollections[sub][name]
+            if not isinstance(arr, np.ndarray) or not entry.whole or entry.blocks[0].format != "npy":
+                return False
+            block = entry.blocks[0]
+            size, digest = FORMATS["npy"].digest(arr)
+            if block.checksum != ("xxh3_64", digest) or block.bytes != size:
+                return False  # usually the first array already differs: cheap
+    return True
+
+
+def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = None, training: Any = None,
+               custom: Any = None, replace: Mapping[str, Any] | None = None) -> SaveReport:
+    """``xser.save``: snapshot, then replace the newest checkpoint under the model lock."""
+    snap = snapshot(obj, path, name=name, training=training, custom=custom, formats=options.formats, replace=replace)
+    with ModelLock(path):
+        return save_locked(path, snap, options, policy=None)
+
+
+def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, force: bool) -> None:
+    """Write a complete new model at ``out`` (one checkpoint per snapshot, newest first) under its lock.
+
+    An existing model at ``out`` is an error unless ``force``; then it is replaced whole (its
+    older checkpoints too), with the same commit point as every save.
+    """
+    with ModelLock(out):
+        with scan(out) as s:
+            recover(out, s, durable=options.durable)
+            old = [c.path for c, _ in s.listed]
+            if (os.path.exists(out) or old) and not force:
+                raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
+            model = new_id()
+            with contextlib.ExitStack() as stack:
+                staged = [_stage_and_write(stack, out, snap, options, None, model) for snap in snaps]
+                publish_new_model(out, [st.path for st in staged], old, options.durable)
+        sync_spec(out, snaps[0].spec_text, options.durable)
+
+
+class CheckpointSaver:
+    """Save a model again and again as rotating checkpoints.
+
+    ``keep`` is an int (keep the last N) or a policy (``KeepLast``, ``KeepBest``,
+    ``KeepEvery``, combined with ``|``); the newest checkpoint is always kept. ``blocks``
+    maps ``"subcollection/param"`` patterns to a block size (rows, or a tuple of rows and
+    columns): matching parameters are stored as several files; ``formats`` maps patterns to
+    weight formats (see ``xser.save``). ``threads`` writer threads write files in parallel.
+    The saver holds ``<model>.lock`` from construction until ``close()`` (or the end of a
+    ``with`` block): a second saver on the same model gets a ``CheckpointError``.
+    ``restart=True`` starts a new model: the first save replaces every existing checkpoint.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        keep: int | Policy = 5,
+        *,
+        durable: bool = True,
+        restart: bool = False,
+        blocks: Mapping[str, Any] | None = None,
+        formats: Mapping[str, Any] | None = None,
+        threads: int = 2,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.options = SaveOptions(durable, blocks, formats, threads)
+        self.policy = as_policy(keep)
+        self.restart = restart
+        self._lock = ModelLock(self.path).acquire()
+        self._checked = False
+        try:
+            remove_leftovers(self.path)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    @property
+    def durable(self) -> bool:
+        return self.options.durable
+
+    def close(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> CheckpointSaver:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+
+    def save(
+        self,
+        obj: Any,
+        *,
+        step: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        training: Mapping | None = None,
+        custom: Mapping | None = None,
+        training_state: Any = None,
+        name: str | None = None,
+    ) -> SaveReport:
+        """Publish ``obj`` as the newest checkpoint; shift and prune the older ones."""
+        if not self._lock.held:
+            raise CheckpointError("this CheckpointSaver is closed", Location(self.path))
+        snap = snapshot(
+            obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
+            training_state_value=training_state, formats=self.options.formats,
+        )
+        report = save_locked(
+            self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
+            check_all=not self._checked, skip_duplicates=True,
+        )
+        self._checked = True
+        return report
+
+

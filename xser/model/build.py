@@ -1,0 +1,500 @@
+"""Spec tree -> object graph: references, shared objects, placeholders, and
+components loaded out of saved models (``!LoadSerialized``).
+
+Objects are built bottom-up, each at its *canonical path*; every ``!Ref`` to the
+same path gets the same object, so sharing in the spec is identity in Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from concurrent.futures import wait
+from typing import Any
+
+import attrs
+import numpy as np
+
+from . import typecheck
+from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
+from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
+from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
+from .registry import lookup
+from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
+from ..spec.saved import open_saved
+from ..storage.opened import OpenedDir
+
+__all__ = ["Experiment", "ExperimentSpec", "Store", "build", "build_spec", "experiment_name"]
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}|\{(\w+)\}")
+_UPPER = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+@attrs.frozen
+class ExperimentSpec:
+    """One unbuilt experiment: its name, its tree, and where it came from."""
+
+    name: str | None
+    tree: Any = attrs.field(repr=False)
+    doc: Doc = attrs.field(repr=False, eq=False)
+    file: str | None = None
+    #: the opened data directory of a saved model (its parameters are loaded, not initialised)
+    data: OpenedDir | None = attrs.field(default=None, eq=False, repr=False)
+
+
+class Store:
+    """A data directory being read by one build: prefetching, and what was used."""
+
+    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None) -> None:
+        self.dir = datadir
+        self.mmap = mmap
+        self.verify = verify
+        self.rows = datadir.check_row_keys(rows)
+        self.futures: dict[tuple[str, str], Any] = {}
+        self.used: dict[str, set[str]] = {}
+
+    def prefetch(self, names: set[str]) -> None:
+        entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
+        entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
+        self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
+
+    def claim(self, stored: str, where: Location | None) -> None:
+        if stored not in self.dir.subcollections:
+            near = did_you_mean(stored, self.dir.subcollections)
+            here = Location(os.path.join(self.dir.path, stored))
+            raise DataError(f"subcollection is missing from the data directory{near}" + _at(where), here)
+        self.used.setdefault(stored, set())
+
+    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
+        self.claim(stored, where)
+        sub = self.dir.subcollections[stored]
+        here = Location(os.path.join(self.dir.path, stored))
+        entry = sub.get(name)
+        if entry is None:
+            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
+        partial = self.rows.get(f"{stored}/{name}")
+        if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
+            shape = entry.shape  # a row range of a declared shape: checked by the read
+        elif entry.shape != shape:
+            raise DataError(f"param {name!r}: shape {shape_str(shape)} in spec, {shape_str(entry.shape)} on disk", here)
+        if entry.dtype != dtype:
+            raise DataError(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here)
+        self.used.setdefault(stored, set()).add(name)
+        fut = self.futures.pop((stored, name), None)
+        if fut is None:
+            return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
+        return fut.result()
+
+    def cancel(self) -> None:
+        """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
+        running = [f for f in self.futures.values() if not f.cancel()]
+        self.futures.clear()
+        wait(running)
+
+    def check_all_used(self) -> None:
+        unused = sorted(set(self.dir.subcollections) - set(self.used))
+        if unused:
+            raise DataError(
+                f"subcollections on disk are not used by the spec: {', '.join(unused)} (load with strict=False to ignore)",
+                Location(self.dir.path),
+            )
+        for sub, names in self.used.items():
+            extra = sorted(set(self.dir.subcollections[sub]) - names)
+            if extra:
+                raise DataError(
+                    f"params on disk are not declared by the component: {', '.join(extra)} (load with strict=False to ignore)",
+                    Location(os.path.join(self.dir.path, sub)),
+                )
+
+
+def _at(where: Location | None) -> str:
+    return f" (needed by the component at {where})" if where is not None else ""
+
+
+@attrs.frozen
+class _Origin:
+    store: Store
+    stored_name: str | None
+
+
+class _Source:
+    """What ``xser.params`` reads a loaded component's arrays from."""
+
+    def __init__(self, origin: _Origin, where: Location | None) -> None:
+        self.origin = origin
+        self.where = where
+
+    def claim(self) -> None:
+        if self.origin.stored_name is None:
+            raise DataError(
+                "component registers parameters, but its saved spec has no xser_subcol_name",
+                self.where or Location(self.origin.store.dir.path),
+            )
+        self.origin.store.claim(self.origin.stored_name, self.where)
+
+    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
+
+
+
+# ---------------------------------------------------------------- placeholders
+
+
+def substitute(node: Any, values: dict[str, Any], doc: Doc, loc: Location | None = None) -> Any:
+    """Fill ``{NAME}`` placeholders in every string; ``{{NAME}}`` is a literal ``{NAME}``."""
+    if isinstance(node, str):
+        if "{" not in node:
+            return node
+        whole = _PLACEHOLDER.fullmatch(node)
+        if whole and whole.group(2) in values and not isinstance(values[whole.group(2)], str):
+            return values[whole.group(2)]
+
+        def repl(m: re.Match) -> str:
+            escaped, name = m.group(1), m.group(2)
+            key = escaped or name
+            if key not in values and not _UPPER.fullmatch(key):
+                return m.group(0)
+            if escaped:
+                return "{" + escaped + "}"
+            if name not in values:
+                near = did_you_mean(name, values)
+                raise SpecError(f"unknown placeholder {{{name}}} (known: {', '.join(sorted(values))}){near}", loc)
+            return str(values[name])
+
+        return _PLACEHOLDER.sub(repl, node)
+    rewrite_children(node, lambda k, v: substitute(v, values, doc, doc.where(node, k)))
+    return node
+
+
+# ---------------------------------------------------------------- the builder
+
+
+class Builder:
+    def __init__(
+        self, spec: ExperimentSpec, *, mmap: bool = False, verify: bool = False, seed: Any = None, rows: dict | None = None
+    ) -> None:
+        self.spec = spec
+        self.doc = Doc(None, spec.file)
+        self.doc.adopt(spec.doc)
+        self.mmap = mmap
+        self.verify = verify
+        self.rows = rows
+        self.state = BuildState(np.random.default_rng(seed))
+        self.stores: dict[Any, Store] = {}
+        self.opened: list[Any] = []
+        self.saved: dict[str, tuple[Any, Resolver, Store]] = {}
+        self.memo: dict[tuple, Any] = {}
+        self.active: set[tuple] = set()
+        self.resolver: Resolver | None = None
+
+    # -- stores and saved models
+
+    def store(self, datadir: OpenedDir) -> Store:
+        key = datadir.ino
+        if key not in self.stores:
+            main = self.spec.data is not None and key == self.spec.data.ino
+            self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None)
+        return self.stores[key]
+
+    def cancel(self) -> None:
+        for store in self.stores.values():
+            store.cancel()
+
+    def close(self) -> None:
+        """Close the saved models this build opened for ``!LoadSerialized`` (not the caller's)."""
+        for saved in self.opened:
+            saved.close()
+        self.opened.clear()
+
+    def mark_origin(self, node: Any, store: Store) -> set[str]:
+        """Give every component of a loaded subtree its data source; return the names used."""
+        names: set[str] = set()
+        for n in iter_tagged(node):
+            if n.tag != "!Ref":
+                name = n.args.get("xser_subcol_name")
+                n.origin = _Origin(store, name if isinstance(name, str) else None)
+                if isinstance(name, str):
+                    names.add(name)
+        return names
+
+    # -- !LoadSerialized
+
+    def expand_loads(self, node: Any, path: tuple, outer_ids: set[str]) -> Any:
+        if isinstance(node, Tagged) and node.tag == "!LoadSerialized":
+            return self._load_serialized(node, path, outer_ids)
+        rewrite_children(node, lambda k, v: self.expand_loads(v, path + (k,), outer_ids))
+        return node
+
+    def _load_serialized(self, node: Tagged, path: tuple, outer_ids: set[str]) -> Any:
+        loc = self.doc.where(node)
+        args = node.args
+        unknown = set(args) - {"filename", "path", "overwrite"}
+        if unknown:
+            key = sorted(unknown, key=str)[0]
+            hint = did_you_mean(str(key), ["filename", "path", "overwrite"])
+            raise SpecError(f"!LoadSerialized: unknown argument {key!r}{hint}", self.doc.where(node, key, of_key=True))
+        fname = args.get("filename")
+        if not isinstance(fname, str) or not fname:
+            raise SpecError("!LoadSerialized needs filename: the saved model's .yaml file", loc)
+        if not os.path.isabs(fname):
+            base = os.path.dirname(os.path.abspath(self.spec.file)) if self.spec.file else os.getcwd()
+            fname = os.path.join(base, fname)
+        key = os.path.realpath(fname)
+        if key not in self.saved:
+            saved = open_saved(fname)
+            self.opened.append(saved)
+            self.doc.adopt(saved.doc)
+            self.saved[key] = (saved.experiment, Resolver(saved.experiment, saved.doc), self.store(saved.data))
+        tree, resolver, store = self.saved[key]
+        sub_path = parse_path(args.get("path", ""), self.doc.where(node, "path"))
+        try:
+            canon = resolver.canonical(sub_path, loc)
+        except NotFound as e:
+            raise SpecError(f"!LoadSerialized: path {args.get('path')!r} not found in {fname}: {e.why}", loc) from None
+        new = inline(resolver, canon, path)
+        names = self.mark_origin(new, store)
+        dedupe_ids(new, outer_ids)
+        overwrite = args.get("overwrite", [])
+        if not isinstance(overwrite, list):
+            raise SpecError("!LoadSerialized: overwrite must be a list of {path, val}", self.doc.where(node, "overwrite"))
+        for i, item in enumerate(overwrite):
+            iloc = self.doc.where(overwrite, i)
+            if not isinstance(item, dict) or set(item) != {"path", "val"}:
+                raise SpecError("!LoadSerialized: each overwrite item must be exactly {path: ..., val: ...}", iloc)
+            new = self._overwrite(new, parse_path(item["path"], iloc), item["val"], iloc)
+        store.prefetch(names)
+        return self.expand_loads(new, path, outer_ids)
+
+    def _overwrite(self, root: Any, path: tuple, val: Any, loc: Location | None) -> Any:
+        if not path:
+            return val
+        node = root
+        for i, seg in enumerate(path):
+            last = i == len(path) - 1
+            container = node.args if isinstance(node, Tagged) else node
+            if isinstance(container, dict):
+                key = seg if seg in container or not (seg.isdigit() and int(seg) in container) else int(seg)
+                if last:
+                    container[key] = val
+                elif key not in container:
+                    raise SpecError(f"overwrite path {format_path(path)!r}: {format_path(path[:i]) or 'root'} has no key {seg!r}", loc)
+                else:
+                    node = container[key]
+            elif isinstance(container, list):
+                try:
+                    idx = int(seg)
+                    container[idx] if not (last and idx == len(container)) else None
+                except (ValueError, IndexError):
+                    raise SpecError(f"overwrite path {format_path(path)!r}: no index {seg!r} in a list of {len(container)}", loc) from None
+                if last:
+                    if idx == len(container):
+                        container.append(val)
+                    else:
+                        container[idx] = val
+                else:
+                    node = container[idx]
+            else:
+                raise SpecError(f"overwrite path {format_path(path)!r}: {format_path(path[:i])} is not a mapping or list", loc)
+        return root
+
+    # -- building
+
+    def run(self, tree: Any, placeholders: dict[str, Any] | None) -> Any:
+        if self.spec.data is None:
+            values = {
+                "EXP": self.spec.name if self.spec.name is not None else "",
+                "EXP_DIR": os.path.dirname(os.path.abspath(self.spec.file)) if self.spec.file else os.getcwd(),
+                "PID": str(os.getpid()),
+            }
+            values.update(placeholders or {})
+            tree = substitute(tree, values, self.doc, Location(self.spec.file))
+        else:
+            store = self.store(self.spec.data)
+            store.prefetch(self.mark_origin(tree, store))
+        outer = Resolver(tree, self.doc)
+        tree = self.expand_loads(tree, (), set(outer.ids))
+        self.resolver = Resolver(tree, self.doc)
+        token = BUILD.set(self.state)
+        try:
+            return self.build_node(tree, ())
+        finally:
+            BUILD.reset(token)
+
+    def build_node(self, node: Any, path: tuple, loc: Location | None = None) -> Any:
+        if path in self.memo:
+            return self.memo[path]
+        if isinstance(node, Tagged):
+            here = (loc or self.doc.where(node) or Location(self.spec.file)).with_path(format_path(path))
+            if node.tag == "!Ref":
+                kind, target = self.resolver.target(node, here)
+                if kind == "value":
+                    return copy.deepcopy(target)
+                if target in self.active or target == path:
+                    raise SpecError(f"reference cycle: {format_path(target) or 'the experiment'} contains a !Ref to itself", here)
+                out = self.build_node(self.resolver.node_at(target), target)
+            elif node.tag == "!LoadSerialized":
+                raise SpecError("!LoadSerialized inside a saved model is not allowed", here)
+            else:
+                self.active.add(path)
+                try:
+                    out = self.construct(node, path, here)
+                finally:
+                    self.active.discard(path)
+        elif isinstance(node, dict):
+            self.active.add(path)
+            try:
+                out = (Experiment if path == () else dict)(
+                    (k, self.build_node(v, path + (k,), self.doc.where(node, k))) for k, v in node.items()
+                )
+            finally:
+                self.active.discard(path)
+        elif isinstance(node, list):
+            self.active.add(path)
+            try:
+                out = [self.build_node(v, path + (i,), self.doc.where(node, i)) for i, v in enumerate(node)]
+            finally:
+                self.active.discard(path)
+        else:
+            return node
+        self.memo[path] = out
+        return out
+
+    def construct(self, node: Tagged, path: tuple, here: Location) -> Any:
+        info = lookup(node.tag, here.with_path(None) if here.file else here)
+        args = dict(node.args)
+        subcol = args.pop("xser_subcol_name", None)
+        xid = args.pop("xser_id", None)
+        version = args.pop("xser_version", None)
+        args = self._migrate(info, args, version, node, here)
+        if subcol is not None and (not isinstance(subcol, str) or not SUBCOL_RE.fullmatch(subcol)):
+            raise SpecError(
+                f"xser_subcol_name must be 'ClassName.<8 lowercase hex>', got {subcol!r}",
+                self._arg_loc(node, "xser_subcol_name", path),
+            )
+        fields = {f.alias: f for f in info.fields}
+        for key in args:
+            if key not in fields:
+                hint = did_you_mean(str(key), fields)
+                raise SpecError(f"unknown argument {key!r} of {info.tag}{hint}", self._arg_loc(node, key, path, of_key=True))
+        missing = [a for a, f in fields.items() if a not in args and f.default is attrs.NOTHING]
+        if missing:
+            raise SpecError(f"{info.tag} is missing required argument{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}", here)
+        kwargs = {}
+        for key, raw in args.items():
+            value = self.build_node(raw, path + (key,), self.doc.where(node, key))
+            f = fields[key]
+            tp = info.field_type(f)
+            if tp is not None and not (value is None and f.default is None):
+                value, expected = typecheck.check(value, tp)
+                if expected is not None:
+                    raise SpecError(f"expected {expected}, got {_describe(value)}", self._arg_loc(node, key, path))
+            kwargs[key] = value
+        obj = info.cls.__new__(info.cls)
+        d = obj.__dict__
+        d[PRESET_WHERE] = here
+        if subcol is not None:
+            if subcol in self.state.names:
+                if node.origin is None:
+                    raise SpecError(
+                        f"subcollection name {subcol} is used twice: here and at {self.state.names[subcol]}",
+                        self._arg_loc(node, "xser_subcol_name", path),
+                    )
+                subcol = fresh_name(info.cls)  # a second copy of a loaded component
+            d[PRESET_NAME] = subcol
+        if node.origin is not None:
+            d[PRESET_SOURCE] = _Source(node.origin, here)
+        if xid is not None:
+            d["_xser_id"] = xid
+        try:
+            obj.__init__(**kwargs)
+        except XserError:
+            raise
+        except Exception as e:
+            raise SpecError(f"{info.tag} could not be built: {type(e).__name__}: {e}", here) from e
+        return obj
+
+    def _arg_loc(self, node: Tagged, key: Any, path: tuple, *, of_key: bool = False) -> Location:
+        base = self.doc.where(node, key, of_key=of_key) or Location(self.spec.file)
+        return base.with_path(format_path(path + (key,)))
+
+    def _migrate(self, info: Any, args: dict, version: Any, node: Tagged, here: Location) -> dict:
+        current = info.version or 1
+        if version is None:
+            version = 1
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise SpecError(f"xser_version must be an int >= 1, got {version!r}", here)
+        if version > current:
+            raise SpecError(f"{info.tag} was saved by version {version} of its class; this code has version {current}", here)
+        if version < current:
+            if info.migrate is None:
+                raise SpecError(f"{info.tag} was saved by version {version}; version {current} has no migrate= to read it", here)
+            try:
+                args = info.migrate(dict(args), version)
+            except Exception as e:
+                raise SpecError(f"{info.tag}: migration from version {version} failed: {type(e).__name__}: {e}", here) from e
+            if not isinstance(args, dict):
+                raise SpecError(f"{info.tag}: migrate must return a dict of arguments, got {type(args).__name__}", here)
+        return args
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__
+
+
+def build(
+    spec: ExperimentSpec | Any,
+    *,
+    placeholders: dict[str, Any] | None = None,
+    seed: Any = None,
+) -> Any:
+    """Build the object graph of one experiment (parameters are numpy arrays)."""
+    if not isinstance(spec, ExperimentSpec):
+        doc = Doc(spec, None)
+        spec = ExperimentSpec(None, spec, doc)
+    return build_spec(spec, placeholders=placeholders, seed=seed)
+
+
+def build_spec(
+    spec: ExperimentSpec,
+    *,
+    placeholders: dict[str, Any] | None = None,
+    seed: Any = None,
+    mmap: bool = False,
+    verify: bool = False,
+    strict: bool = False,
+    rows: dict | None = None,
+) -> Any:
+    builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows)
+    try:
+        tree = builder.doc.copy(spec.tree)
+        obj = builder.run(tree, placeholders)
+        if strict and spec.data is not None:
+            builder.store(spec.data).check_all_used()
+    finally:
+        builder.cancel()  # prefetches nobody asked for (strict=False), or all of them after a failure
+        builder.close()
+    _name_root(obj, spec.name)
+    return obj
+
+
+class Experiment(dict):
+    """A built experiment that is a plain mapping; remembers its name for ``save``."""
+
+    name: str | None = None
+
+
+def experiment_name(obj: Any) -> str | None:
+    """The experiment name a built object remembers (``{EXP}``), for ``save``."""
+    if isinstance(obj, Experiment):
+        return obj.name
+    return getattr(obj, "__dict__", {}).get("_xser_experiment")
+
+
+def _name_root(obj: Any, name: str | None) -> None:
+    if isinstance(obj, Experiment):
+        obj.name = name
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        obj.__dict__["_xser_experiment"] = name

@@ -1,0 +1,276 @@
+"""Parameter subcollections: declared names, shapes, dtypes and initialisers. No I/O here.
+
+A component that owns parameters calls ``xser.params(self)`` once (usually in
+``__attrs_post_init__``) and declares each array with ``add``. Only declared arrays are
+ever saved: gradients, activations and caches kept on the object are not.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, Location, RegistryError, shape_str
+from .registry import info_for
+
+__all__ = ["INITS", "ParamDecl", "Subcollection", "params", "subcollection_of"]
+
+_PARAMS = "_xser_params"  # the Subcollection, on the owner's __dict__
+PRESET_NAME = "_xser_subcol_name"  # set by the builder before __init__ runs
+PRESET_SOURCE = "_xser_source"  # where a loaded component's arrays come from
+PRESET_WHERE = "_xser_where"  # Location of the component in its spec, for messages
+
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,99}")
+SUBCOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[0-9a-f]{8}")
+
+
+class Source(Protocol):
+    def claim(self) -> None: ...
+
+    def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
+
+
+@attrs.define
+class BuildState:
+    """Per-build bookkeeping shared by every component built in one ``build``/``load``."""
+
+    rng: np.random.Generator
+    names: dict[str, str] = attrs.Factory(dict)  # subcollection name -> where it was made
+
+
+BUILD: contextvars.ContextVar[BuildState | None] = contextvars.ContextVar("xser_build", default=None)
+_DEFAULT_RNG = np.random.default_rng()
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 0:
+        return 1, 1
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _glorot_uniform(shape, rng):
+    fan_in, fan_out = _fans(shape)
+    limit = math.sqrt(6.0 / max(1, fan_in + fan_out))
+    return rng.uniform(-limit, limit, shape)
+
+
+def _glorot_normal(shape, rng):
+    fan_in, fan_out = _fans(shape)
+    return rng.normal(0.0, math.sqrt(2.0 / max(1, fan_in + fan_out)), shape)
+
+
+def _he_normal(shape, rng):
+    return rng.normal(0.0, math.sqrt(2.0 / max(1, _fans(shape)[0])), shape)
+
+
+def _he_uniform(shape, rng):
+    limit = math.sqrt(6.0 / max(1, _fans(shape)[0]))
+    return rng.uniform(-limit, limit, shape)
+
+
+#: Named initialisers: ``(shape, rng) -> array`` (cast to the declared dtype afterwards).
+INITS: dict[str, Callable[[tuple[int, ...], np.random.Generator], np.ndarray]] = {
+    "zeros": lambda shape, rng: np.zeros(shape),
+    "ones": lambda shape, rng: np.ones(shape),
+    "normal": lambda shape, rng: rng.standard_normal(shape),
+    "uniform": lambda shape, rng: rng.uniform(-1.0, 1.0, shape),
+    "glorot_uniform": _glorot_uniform,
+    "glorot_normal": _glorot_normal,
+    "he_normal": _he_normal,
+    "he_uniform": _he_uniform,
+}
+
+
+@attrs.frozen
+class ParamDecl:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    trainable: bool
+    format: str | None = None  # weight format to store it in (None: npy, or what save() says)
+
+
+def _shape(shape: Any, where: str) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise RegistryError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
+    if any(s < 0 for s in out) or any(isinstance(s, bool) for s in shape):
+        raise RegistryError(f"{where}: shape must be a tuple of non-negative ints, got {shape!r}")
+    return out
+
+
+class Subcollection:
+    """The parameters of one component, under one unique name (``Linear.98dc700f``)."""
+
+    def __init__(self, name: str, owner: Any, source: Source | None, rng: np.random.Generator) -> None:
+        self.name = name
+        self._owner = owner
+        self._source = source
+        self._rng = rng
+        self._decls: dict[str, ParamDecl] = {}
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def add(
+        self,
+        name: str,
+        shape: Any,
+        *,
+        init: str | Callable | np.ndarray = "zeros",
+        dtype: Any = "float32",
+        trainable: bool = True,
+        format: str | None = None,
+    ) -> np.ndarray:
+        """Declare a parameter and return its array (from disk when loading, else initialised).
+
+        ``format`` names the weight format it is saved in (``"npy"``, ``"dense-text"``,
+        ``"sparse-text"`` or a registered one); ``save(..., formats=...)`` can override it.
+        """
+        where = f"{self.name}: param {name!r}"
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise RegistryError(f"{self.name}: parameter name {name!r} must match {NAME_RE.pattern}")
+        if name in self._decls:
+            raise RegistryError(f"{where} is declared twice")
+        shape = _shape(shape, where)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise RegistryError(f"{where}: unknown dtype {dtype!r}") from None
+        if dt.hasobject:
+            raise RegistryError(f"{where}: object dtypes cannot be saved")
+        if format is not None:
+            from ..storage.formats import FORMATS, get_format
+
+            if get_format(format) is None:
+                raise RegistryError(f"{where}: unknown weight format {format!r} (known: {', '.join(sorted(FORMATS))})")
+        if self._source is not None:
+            arr = self._source.fetch(self.name, name, shape, dt)
+        else:
+            arr = self._initial(where, init, shape, dt)
+        self._decls[name] = ParamDecl(name, shape, dt, bool(trainable), format)
+        self._arrays[name] = arr
+        return arr
+
+    def _initial(self, where: str, init: Any, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+        if isinstance(init, str):
+            fn = INITS.get(init)
+            if fn is None:
+                raise RegistryError(f"{where}: unknown init {init!r} (known: {', '.join(sorted(INITS))})")
+            value = fn(shape, self._rng)
+        elif callable(init):
+            value = init(shape, self._rng)
+        else:
+            value = init
+        arr = np.array(value, dtype=dt, copy=True)
+        if arr.shape != shape:
+            raise RegistryError(f"{where}: init gave shape {shape_str(arr.shape)}, declared {shape_str(shape)}")
+        return arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        """Replace a declared parameter's array (same shape and dtype)."""
+        decl = self._decls.get(name)
+        if decl is None:
+            raise KeyError(f"{self.name} has no parameter {name!r} (declared: {', '.join(self._decls) or 'none'})")
+        arr = np.asarray(value)
+        if arr.shape != decl.shape or arr.dtype != decl.dtype:
+            raise DataError(
+                f"param {name!r}: new value is {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                Location(path=self.name),
+            )
+        self._arrays[name] = arr
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._decls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decls)
+
+    def __len__(self) -> int:
+        return len(self._decls)
+
+    @property
+    def decls(self) -> dict[str, ParamDecl]:
+        return dict(self._decls)
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        return iter(self._arrays.items())
+
+    def current(self) -> dict[str, tuple[np.ndarray, bool]]:
+        """The arrays to save, ``{name: (array, trainable)}``.
+
+        If the owner has an attribute named like a parameter that now holds a *different*
+        array of the declared shape and dtype (``self.W = self.W - lr * g``), that array is
+        adopted: it is what the user sees as the parameter. A rebinding to a different
+        shape or dtype is an error rather than a silent save of the stale array.
+        """
+        owned = getattr(self._owner, "__dict__", {})
+        out = {}
+        for name, decl in self._decls.items():
+            arr = self._arrays[name]
+            attr = owned.get(name)
+            if isinstance(attr, np.ndarray) and attr is not arr:
+                if attr.shape != decl.shape or attr.dtype != decl.dtype:
+                    raise DataError(
+                        f"param {name!r}: attribute .{name} was rebound to {shape_str(attr.shape)} {attr.dtype}, "
+                        f"declared {shape_str(decl.shape)} {decl.dtype}",
+                        Location(path=self.name),
+                    )
+                self._arrays[name] = arr = attr
+            out[name] = (arr, decl.trainable)
+        return out
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}: {shape_str(d.shape)} {d.dtype}" for n, d in self._decls.items())
+        return f"<Subcollection {self.name} {{{inner}}}>"
+
+
+def fresh_name(cls: type) -> str:
+    """``ClassName.<8 hex>``, unique within the current build."""
+    state = BUILD.get()
+    while True:
+        name = f"{cls.__name__}.{secrets.token_hex(4)}"
+        if state is None or name not in state.names:
+            return name
+
+
+def params(owner: Any) -> Subcollection:
+    """The subcollection of ``owner`` (created on the first call, the same object afterwards)."""
+    d = getattr(owner, "__dict__", None)
+    if d is None:
+        raise RegistryError(f"{type(owner).__qualname__}: xser.params needs an instance with a __dict__ (attrs slots=False)")
+    sub = d.get(_PARAMS)
+    if sub is not None:
+        return sub
+    info = info_for(owner)
+    if info is None:
+        raise RegistryError(f"{type(owner).__qualname__} is not an @xser.serializable class; only components own parameters")
+    state = BUILD.get()
+    name = d.get(PRESET_NAME) or fresh_name(type(owner))
+    if state is not None:
+        state.names.setdefault(name, str(d.get(PRESET_WHERE) or info.tag))
+    source = d.get(PRESET_SOURCE)
+    if source is not None:
+        source.claim()
+    sub = Subcollection(name, owner, source, state.rng if state is not None else _DEFAULT_RNG)
+    d[_PARAMS] = sub
+    return sub
+
+
+def subcollection_of(obj: Any) -> Subcollection | None:
+    d = getattr(obj, "__dict__", None)
+    return None if d is None else d.get(_PARAMS)

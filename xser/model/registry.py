@@ -1,0 +1,136 @@
+"""``@serializable``: attrs component classes registered under a YAML tag."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+
+from ..errors import RegistryError, SpecError, did_you_mean
+
+__all__ = ["ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
+
+T = TypeVar("T", bound=type)
+
+#: Tags that the builder handles itself; no class may take them.
+RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized"})
+#: Keys that xser writes into a component's mapping; no field may use them.
+RESERVED_KEYS = frozenset({"xser_subcol_name", "xser_id", "xser_version"})
+
+Migration = Callable[[dict, int], dict]
+
+
+@attrs.frozen
+class ComponentInfo:
+    """What the registry knows of a component class."""
+
+    cls: type
+    tag: str
+    version: int | None
+    migrate: Migration | None
+
+    @property
+    def fields(self) -> tuple[attrs.Attribute, ...]:
+        """The constructor arguments, in declaration order."""
+        return tuple(f for f in attrs.fields(self.cls) if f.init)
+
+    def field_type(self, field: attrs.Attribute) -> Any:
+        """A field's annotation, resolved if it was written as a string (``None`` if unresolvable)."""
+        hints = _HINTS.get(self.cls)
+        if hints is None:
+            try:
+                hints = typing.get_type_hints(self.cls)
+            except Exception:  # forward references that do not resolve: check nothing
+                hints = {}
+            _HINTS[self.cls] = hints
+        tp = hints.get(field.name, field.type)
+        return None if isinstance(tp, str) else tp
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+_BY_TAG: dict[str, ComponentInfo] = {}
+_BY_CLASS: dict[type, ComponentInfo] = {}
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def serializable(
+    cls: T | None = None,
+    *,
+    tag: str | None = None,
+    version: int | None = None,
+    migrate: Migration | None = None,
+) -> Any:
+    """Make ``cls`` an attrs component registered under ``tag`` (default ``!ClassName``).
+
+    ``version`` (an int >= 1) is written into saved specs as ``xser_version``; a spec
+    written by an older version is passed through ``migrate(args, old_version) -> args``
+    before the constructor sees it. Re-defining the same class (same module and
+    qualified name, e.g. re-running a notebook cell) replaces the old registration;
+    any other clash of tags is a ``RegistryError``.
+    """
+
+    def wrap(cls: T) -> T:
+        name = tag if tag is not None else f"!{cls.__name__}"
+        if not (isinstance(name, str) and name.startswith("!") and len(name) > 1 and " " not in name):
+            raise RegistryError(f"{_qualname(cls)}: tag must look like '!Name', got {name!r}")
+        if name in RESERVED_TAGS:
+            raise RegistryError(f"{_qualname(cls)}: tag {name} is reserved by xser")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+            raise RegistryError(f"{_qualname(cls)}: version must be an int >= 1, got {version!r}")
+        if migrate is not None and version is None:
+            raise RegistryError(f"{_qualname(cls)}: migrate= needs version=")
+        if not attrs.has(cls):
+            cls = attrs.define(cls, slots=False, eq=False)
+        elif "__slots__" in cls.__dict__:
+            raise RegistryError(f"{_qualname(cls)}: attrs classes must use slots=False (xser keeps bookkeeping on the instance)")
+        for f in attrs.fields(cls):
+            if f.name in RESERVED_KEYS or f.alias in RESERVED_KEYS:
+                raise RegistryError(f"{_qualname(cls)}: field name {f.name!r} is reserved by xser")
+        old = _BY_TAG.get(name)
+        if old is not None and _qualname(old.cls) != _qualname(cls):
+            raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and {_qualname(old.cls)}")
+        if old is not None:
+            _BY_CLASS.pop(old.cls, None)
+            _HINTS.pop(old.cls, None)
+        info = ComponentInfo(cls, name, version, migrate)
+        _BY_TAG[name] = info
+        _BY_CLASS[cls] = info
+        return cls
+
+    return wrap if cls is None else wrap(cls)
+
+
+def lookup(tag: str, location: Any = None) -> ComponentInfo:
+    """The class registered under ``tag``; an unknown tag is a ``SpecError`` with a suggestion."""
+    info = _BY_TAG.get(tag)
+    if info is None:
+        hint = did_you_mean(tag, list(_BY_TAG) + sorted(RESERVED_TAGS))
+        raise SpecError(f"unknown component {tag!r}{hint}", location)
+    return info
+
+
+def info_for(obj_or_cls: Any) -> ComponentInfo | None:
+    """Registry entry of an instance or class, or ``None`` if it is not a component."""
+    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    return _BY_CLASS.get(cls)
+
+
+def tag_of(obj: Any) -> str:
+    info = info_for(obj)
+    if info is None:
+        raise RegistryError(f"{_qualname(type(obj))} is not an @xser.serializable class")
+    return info.tag
+
+
+def _unregister(tag: str) -> None:
+    """Remove a registration (tests only)."""
+    info = _BY_TAG.pop(tag, None)
+    if info is not None:
+        _BY_CLASS.pop(info.cls, None)

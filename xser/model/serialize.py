@@ -1,0 +1,114 @@
+"""Object graph -> spec tree (the inverse of ``build``), and the subcollections to save.
+
+Components are written as tagged mappings of their constructor arguments in field
+order. An object reached twice is written once; its other places become ``!Ref``
+(by name when it has an ``xser_id``, else by path). Cycles are reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, Location, RegistryError, SpecError
+from .params import Subcollection, subcollection_of
+from .registry import info_for
+from ..spec import Tagged, format_path
+
+__all__ = ["to_tree"]
+
+SAVE_HOOK = "xser_saved_args"
+
+
+class _Dumper:
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[Any, tuple]] = {}
+        self.active: set[int] = set()
+        self.subcols: dict[str, tuple[Subcollection, str]] = {}
+
+    def walk(self, value: Any, path: tuple) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, np.generic) and not isinstance(value, (np.void, np.datetime64, np.timedelta64)):
+            return value.item()
+        info = info_for(value)
+        if info is not None:
+            return self._component(value, info, path)
+        if isinstance(value, dict):
+            return self._container(value, path, lambda: {self._key(k, path): self.walk(v, path + (k,)) for k, v in value.items()})
+        if isinstance(value, (list, tuple)):
+            return self._container(value, path, lambda: [self.walk(v, path + (i,)) for i, v in enumerate(value)])
+        where = Location(path=format_path(path) or None)
+        if isinstance(value, np.ndarray):
+            raise SpecError(
+                "a numpy array in a constructor argument is not saved; declare it with xser.params(self).add(...)",
+                where,
+            )
+        raise SpecError(f"cannot save a value of type {type(value).__module__}.{type(value).__qualname__}", where)
+
+    def _key(self, k: Any, path: tuple) -> Any:
+        if isinstance(k, (str, int, float, bool)) or k is None:
+            return k
+        raise SpecError(f"mapping key {k!r} is not a YAML scalar", Location(path=format_path(path) or None))
+
+    def _container(self, value: Any, path: tuple, make: Any) -> Any:
+        if id(value) in self.active:
+            raise SpecError("cycle: a container contains itself", Location(path=format_path(path)))
+        self.active.add(id(value))
+        try:
+            return make()
+        finally:
+            self.active.discard(id(value))
+
+    def _component(self, obj: Any, info: Any, path: tuple) -> Any:
+        key = id(obj)
+        where = Location(path=format_path(path) or None)
+        if key in self.active:
+            first = format_path(self.seen[key][1]) or "the root"
+            raise SpecError(f"cycle: this {info.tag} is also its own ancestor at {first}", where)
+        if key in self.seen:
+            xid = obj.__dict__.get("_xser_id")
+            if xid is not None:
+                return Tagged("!Ref", {"name": xid})
+            return Tagged("!Ref", {"path": format_path(self.seen[key][1])})
+        self.seen[key] = (obj, path)
+        self.active.add(key)
+        try:
+            args = {f.alias: getattr(obj, f.name) for f in info.fields}
+            hook = getattr(obj, SAVE_HOOK, None)
+            if hook is not None:
+                args = hook(dict(args))
+                if not isinstance(args, dict):
+                    raise RegistryError(f"{info.tag}.{SAVE_HOOK} must return a dict, got {type(args).__name__}")
+                allowed = {f.alias for f in info.fields}
+                bad = sorted(set(args) - allowed, key=str)
+                if bad:
+                    raise RegistryError(f"{info.tag}.{SAVE_HOOK} returned unknown argument(s) {', '.join(map(repr, bad))}")
+            out: dict[str, Any] = {}
+            xid = obj.__dict__.get("_xser_id")
+            if xid is not None:
+                out["xser_id"] = xid
+            for k, v in args.items():
+                out[k] = self.walk(v, path + (k,))
+            if info.version is not None:
+                out["xser_version"] = info.version
+            sub = subcollection_of(obj)
+            if sub is not None:
+                other = self.subcols.get(sub.name)
+                if other is not None and other[0] is not sub:
+                    raise DataError(
+                        f"subcollection name {sub.name} is used by two components: at {other[1]} and at {format_path(path) or 'the root'}",
+                        where,
+                    )
+                self.subcols[sub.name] = (sub, format_path(path) or "the root")
+                out["xser_subcol_name"] = sub.name
+            return Tagged(info.tag, out)
+        finally:
+            self.active.discard(key)
+
+
+def to_tree(obj: Any) -> tuple[Any, dict[str, tuple[Subcollection, str]]]:
+    """The spec tree of ``obj`` and its subcollections ``{name: (subcollection, path)}``."""
+    d = _Dumper()
+    return d.walk(obj, ()), d.subcols

@@ -1,0 +1,353 @@
+"""YAML text <-> plain trees (dicts, lists, scalars, ``Tagged`` nodes), with locations.
+
+No object is built here. Parsing is safe by construction: the YAML is *composed*
+into nodes and converted by hand, so no tag can run code. Standard scalar tags
+become Python scalars, local tags (``!Linear``) become ``Tagged`` nodes, anything
+else (``!!python/...``, ``!!set``, ...) is a ``SpecError`` with its location.
+Aliases are expanded as copies (only ``!Ref`` shares), and expansion is bounded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+from ..errors import Location, SpecError
+
+__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "rewrite_children"]
+
+#: Upper bound on nodes produced from one document (guards against alias bombs).
+MAX_NODES = 2_000_000
+_STD = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {_STD + t for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")}
+_MERGE = _STD + "merge"
+
+
+class Tagged:
+    """A tagged mapping in a spec, ``!Linear {in_dim: 4}``: ``tag`` and ``args``.
+
+    ``origin`` is bookkeeping for the builder (where this node's parameters come
+    from); it never takes part in equality and is never written.
+    """
+
+    __slots__ = ("tag", "args", "origin")
+
+    def __init__(self, tag: str, args: dict | None = None, origin: Any = None) -> None:
+        self.tag = tag
+        self.args = {} if args is None else args
+        self.origin = origin
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tagged):
+            return NotImplemented
+        return self.tag == other.tag and self.args == other.args
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Tagged({self.tag!r}, {self.args!r})"
+
+
+def children(node: Any) -> Any:
+    """(key, child) pairs of a tree node: a Tagged node's arguments, a dict's items, a list's items."""
+    if isinstance(node, Tagged):
+        return node.args.items()
+    if isinstance(node, dict):
+        return node.items()
+    if isinstance(node, list):
+        return enumerate(node)
+    return ()
+
+
+def rewrite_children(node: Any, fn: Any) -> None:
+    """Replace each child ``v`` at key ``k`` of a tree node by ``fn(k, v)``, in place."""
+    target = node.args if isinstance(node, Tagged) else node
+    for k, v in list(children(node)):
+        target[k] = fn(k, v)
+
+
+def iter_tagged(node: Any) -> Any:
+    """Every Tagged node in a tree (``!Ref`` nodes included), parents before children."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Tagged):
+            yield n
+        stack.extend(reversed([v for _, v in children(n)]))
+
+
+def format_path(path: tuple) -> str:
+    """('model', 'layers', 0, 'W') -> 'model.layers.0.W'."""
+    return ".".join(str(p) for p in path)
+
+
+class Doc:
+    """A parsed document: ``tree`` plus a side table of locations per container."""
+
+    def __init__(self, tree: Any, file: str | None) -> None:
+        self.tree = tree
+        self.file = file
+        # id(container) -> (container, own Location, {key: value Location}, {key: key Location})
+        self._locs: dict[int, tuple[Any, Location, dict, dict]] = {}
+
+    def _note(self, container: Any, loc: Location) -> tuple[dict, dict]:
+        entry = (container, loc, {}, {})
+        self._locs[id(container)] = entry
+        return entry[2], entry[3]
+
+    def where(self, container: Any, key: Any = None, *, of_key: bool = False) -> Location | None:
+        """Location of ``container`` or of its child ``key`` (value, or key if ``of_key``)."""
+        entry = self._locs.get(id(container))
+        if entry is None or entry[0] is not container:
+            return None
+        if key is None:
+            return entry[1]
+        table = entry[3] if of_key else entry[2]
+        return table.get(key, entry[1])
+
+    def adopt(self, other: Doc) -> None:
+        """Take over the location entries of another document (for inlined subtrees)."""
+        self._locs.update(other._locs)
+
+    def copy(self, node: Any) -> Any:
+        """Deep-copy a subtree; copies keep the locations of their originals."""
+        if isinstance(node, Tagged):
+            new: Any = Tagged(node.tag, {}, node.origin)
+            for k, v in node.args.items():
+                new.args[k] = self.copy(v)
+            self._relocate(node, new)
+            return new
+        if isinstance(node, dict):
+            new = {k: self.copy(v) for k, v in node.items()}
+        elif isinstance(node, list):
+            new = [self.copy(v) for v in node]
+        else:
+            return node
+        self._relocate(node, new)
+        return new
+
+    def _relocate(self, old: Any, new: Any) -> None:
+        entry = self._locs.get(id(old))
+        if entry is not None and entry[0] is old:
+            self._locs[id(new)] = (new, entry[1], entry[2], entry[3])
+
+
+def _loc(file: str | None, node: Any) -> Location:
+    m = node.start_mark
+    return Location(file, m.line + 1, m.column + 1)
+
+
+def _yaml_error(e: YAMLError, file: str | None) -> SpecError:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or str(e)
+    context = getattr(e, "context", None)
+    msg = f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
+    loc = Location(file, mark.line + 1, mark.column + 1) if mark is not None else Location(file)
+    return SpecError(msg, loc)
+
+
+class _Converter:
+    def __init__(self, doc: Doc, constructor: Any) -> None:
+        self.doc = doc
+        self.file = doc.file
+        self.constructor = constructor
+        self.count = 0
+        self.active: set[int] = set()
+
+    def convert(self, node: Any) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise SpecError(
+                f"document expands to more than {MAX_NODES} nodes (aliases nested too deeply?)",
+                _loc(self.file, node),
+            )
+        tag = node.tag
+        if isinstance(node, ScalarNode):
+            if tag == _STD + "str":
+                return node.value
+            if tag in _SCALAR_TAGS:
+                try:
+                    return self.constructor.construct_object(node, deep=True)
+                except (YAMLError, ValueError) as e:
+                    raise SpecError(f"bad {tag[len(_STD):]} value {node.value!r}: {e}", _loc(self.file, node))
+            if tag.startswith("!") and tag != "!":
+                if node.value.strip() in ("", "~", "null"):
+                    return self._tagged(tag, None)
+                raise SpecError(
+                    f"component {tag} must be followed by a mapping of arguments, got scalar {node.value!r}",
+                    _loc(self.file, node),
+                )
+            raise self._bad_tag(node)
+        if id(node) in self.active:
+            raise SpecError("recursive alias: a node contains itself", _loc(self.file, node))
+        self.active.add(id(node))
+        try:
+            if isinstance(node, SequenceNode):
+                if tag != _STD + "seq":
+                    if tag.startswith("!") and tag != "!":
+                        raise SpecError(
+                            f"component {tag} must be followed by a mapping of arguments, got a list",
+                            _loc(self.file, node),
+                        )
+                    raise self._bad_tag(node)
+                out: list = []
+                locs, _ = self.doc._note(out, _loc(self.file, node))
+                for i, child in enumerate(node.value):
+                    out.append(self.convert(child))
+                    locs[i] = _loc(self.file, child)
+                return out
+            if isinstance(node, MappingNode):
+                if tag == _STD + "map":
+                    return self._mapping(node)
+                if tag.startswith("!") and tag != "!":
+                    return self._tagged(tag, node)
+                raise self._bad_tag(node)
+        finally:
+            self.active.discard(id(node))
+        raise SpecError(f"unsupported YAML node {type(node).__name__}", _loc(self.file, node))
+
+    def _bad_tag(self, node: Any) -> SpecError:
+        tag = node.tag
+        shown = "!!" + tag[len(_STD):] if tag.startswith(_STD) else tag
+        why = "tags that construct Python objects are never loaded" if "python/" in tag else "unsupported tag"
+        return SpecError(f"{why}: {shown}", _loc(self.file, node))
+
+    def _tagged(self, tag: str, node: Any) -> Tagged:
+        t = Tagged(tag)
+        if node is None:
+            return t
+        t.args = self._mapping(node, owner=t)
+        return t
+
+    def _mapping(self, node: MappingNode, owner: Any = None) -> dict:
+        out: dict = {}
+        locs, key_locs = self.doc._note(owner if owner is not None else out, _loc(self.file, node))
+        merged: dict = {}
+        for knode, vnode in node.value:
+            if knode.tag == _MERGE:
+                for src in vnode.value if isinstance(vnode, SequenceNode) else [vnode]:
+                    value = self.convert(src)
+                    if not isinstance(value, dict):
+                        raise SpecError("merge key '<<' needs a mapping or a list of mappings", _loc(self.file, src))
+                    for k, v in value.items():
+                        merged.setdefault(k, v)
+                continue
+            if not isinstance(knode, ScalarNode):
+                raise SpecError("mapping keys must be scalars", _loc(self.file, knode))
+            key = self.convert(knode)
+            if isinstance(key, (list, dict, Tagged)) or not isinstance(key, (str, int, float, bool, type(None))):
+                raise SpecError(f"unsupported mapping key {key!r}", _loc(self.file, knode))
+            if key in out:
+                first = key_locs[key]
+                raise SpecError(f"duplicate key {key!r} (first defined at line {first.line})", _loc(self.file, knode))
+            out[key] = self.convert(vnode)
+            locs[key] = _loc(self.file, vnode)
+            key_locs[key] = _loc(self.file, knode)
+        for k, v in merged.items():
+            if k not in out:
+                out[k] = v
+        return out
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="safe", pure=True)
+    y.allow_duplicate_keys = True  # we detect duplicates ourselves, with both locations
+    return y
+
+
+def parse(text: str, file: str | os.PathLike | None = None) -> Doc:
+    """Parse one YAML document into a ``Doc`` (tree + locations). Empty text gives ``None``."""
+    fname = None if file is None else os.fspath(file)
+    y = _yaml()
+    try:
+        node = y.compose(text)
+    except MarkedYAMLError as e:
+        raise _yaml_error(e, fname) from None
+    except YAMLError as e:
+        raise SpecError(f"YAML error: {e}", Location(fname)) from None
+    doc = Doc(None, fname)
+    if node is not None:
+        doc.tree = _Converter(doc, y.constructor).convert(node)
+    return doc
+
+
+def read(path: str | os.PathLike) -> Doc:
+    """Read and parse a YAML file; I/O and encoding problems are ``SpecError``s."""
+    fname = os.fspath(path)
+    try:
+        with open(fname, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise SpecError("file not found", Location(fname)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read file: {e}", Location(fname)) from None
+    return parse(text, fname)
+
+
+# ---------------------------------------------------------------- dumping
+
+
+_FLOW_WIDTH = 88
+
+
+def _short(items: Any) -> bool:
+    """Flow style (``{a: 1, b: 2}``) only for short collections of scalars."""
+    total = 0
+    for k, v in items:
+        if isinstance(v, (dict, list, tuple, Tagged)):
+            return False
+        total += len(str(k)) + len(str(v)) + 4
+        if total > _FLOW_WIDTH:
+            return False
+    return True
+
+
+def _represent_tagged(representer: Any, data: Tagged) -> Any:
+    return representer.represent_mapping(data.tag, data.args, flow_style=_short(data.args.items()))
+
+
+#: Strings that may be written plain (ruamel still quotes the ones that would read back
+#: as another type, like 'true' or '12'). Everything else is double-quoted, because
+#: ruamel's plain and single-quoted styles mis-handle some strings in flow context
+#: ('?x', ':0' as a key) and some line-break characters ('\x85', '\u2028').
+_PLAIN_OK = re.compile(r"[^\W_][\w./+\-]*(?: [\w./+\-]+)*", re.UNICODE)
+_SAFE_CHAR = re.compile(r"[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*")
+
+
+def _represent_str(representer: Any, data: str) -> Any:
+    if data and _PLAIN_OK.fullmatch(data) and _SAFE_CHAR.fullmatch(data):
+        return representer.represent_scalar(_STD + "str", data)
+    return representer.represent_scalar(_STD + "str", data, style='"')
+
+
+def _represent_dict(representer: Any, data: dict) -> Any:
+    return representer.represent_mapping(_STD + "map", data, flow_style=bool(data) and _short(data.items()))
+
+
+def _represent_list(representer: Any, data: list) -> Any:
+    return representer.represent_sequence(_STD + "seq", data, flow_style=_short(enumerate(data)))
+
+
+def _dumper() -> YAML:
+    y = YAML(typ="safe", pure=True)
+    y.width = 1 << 16  # never fold long lines
+
+    y.representer.sort_base_mapping_type_on_output = False
+    y.representer.add_representer(Tagged, _represent_tagged)
+    y.representer.add_representer(dict, _represent_dict)
+    y.representer.add_representer(str, _represent_str)
+    y.representer.add_representer(list, _represent_list)
+    return y
+
+
+def dump(tree: Any) -> str:
+    """Render a plain tree (with ``Tagged`` nodes) as YAML text, keys in insertion order."""
+    out = io.StringIO()
+    _dumper().dump(tree, out)
+    return out.getvalue()

@@ -1,0 +1,233 @@
+"""The last two steps of a save: ``finish`` (the manifest, written last) and ``publish``.
+
+``stage`` makes the temporary directory beside the target; ``write`` (``write.py``) fills it;
+``finish`` writes ``manifest.json`` (the commit point of the directory) and fsyncs it, every
+subdirectory and the directory itself; ``publish`` puts the directory at its name, by an atomic
+exchange with the directory it replaces where the OS has one (Linux ``renameat2``). The lock
+and the removal of leftovers are separate steps (``lock.py``, ``remove_leftovers``), so a later
+multi-process save can run ``write`` on every process and ``finish``/``publish`` on one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import attrs
+
+from ..errors import DataError, Location
+from .fsutil import fsync_dir, makedirs_durable, os_error
+from .layout import OLD_MARK, leftovers, temp_name
+from .manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
+from .plan import Plan
+from .write import WriteResult
+
+__all__ = [
+    "Staging",
+    "exchange",
+    "finish",
+    "new_id",
+    "now",
+    "publish",
+    "remove_leftovers",
+    "remove_tree",
+    "stage",
+    "write_text_atomic",
+]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def new_id() -> str:
+    """A checkpoint or model id: 128 random bits as 32 lowercase hex digits."""
+    return secrets.token_hex(16)
+
+
+@attrs.define
+class Staging:
+    """A data directory being made under a temporary name beside its target."""
+
+    path: str
+    target: str
+    durable: bool
+    manifest: dict = attrs.field(factory=dict)
+    written: int = 0
+    linked: int = 0
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stage(target: str, *, durable: bool) -> Iterator[Staging]:
+    """A new empty staging directory for ``target``; removed again if the block fails.
+
+    OS errors inside the block become ``DataError``s that name the file.
+    """
+    parent = os.path.dirname(os.path.abspath(target))
+    staging = Staging(temp_name(target), target, durable)
+    try:
+        makedirs_durable(parent, durable=durable)
+        os.mkdir(staging.path)
+    except OSError as e:
+        raise os_error(e, "cannot write data directory", target) from None
+    try:
+        yield staging
+    except OSError as e:
+        staging.discard()
+        raise os_error(e, "cannot write data directory", target) from None
+    except BaseException:
+        staging.discard()
+        raise
+
+
+def finish(
+    staging: Staging, plan: Plan, results: list[WriteResult], meta: Mapping[str, Any], *, id: str, model: str
+) -> dict:
+    """Write the manifest (last), fsync it and every directory of the staging area; return it."""
+    manifest = new_manifest(meta, id=id, model=model, created=now())
+    if plan.spec is not None:
+        r = results[plan.spec]
+        manifest["spec"] = spec_json(r.rel, r.bytes, r.checksum)
+
+    def entry(p: Any) -> dict:
+        blocks = []
+        for index, start, shape in p.pieces:
+            r = results[index]
+            blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape))
+        return param_json(p.dtype, p.shape, p.trainable, blocks)
+
+    if plan.state is not None:
+        manifest["training_state"] = {"tree": plan.state_tree, "arrays": {p.name: entry(p) for p in plan.state}}
+    subs: dict[str, dict] = {s: {} for s in plan.subcollections}
+    for p in plan.params:
+        subs[p.sub][p.name] = entry(p)
+    manifest["subcollections"] = subs
+    staging.written = sum(not r.linked for r in results)
+    staging.linked = sum(r.linked for r in results)
+    path = os.path.join(staging.path, MANIFEST)
+    try:
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(render_manifest(manifest))
+            if staging.durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if staging.durable:
+            for d in plan.dirs:
+                fsync_dir(os.path.join(staging.path, d))
+            fsync_dir(staging.path)
+    except OSError as e:
+        raise os_error(e, "cannot write manifest", path) from None
+    staging.manifest = manifest
+    return manifest
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: str, b: str) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def publish(tmp: str, target: str, trash_base: str) -> str | None:
+    """Put the complete directory ``tmp`` at ``target``; return where the old one went, if any.
+
+    Where the OS can swap two directories atomically, ``target`` is never missing, even for a
+    moment, and the old directory ends up at ``tmp``'s name (a temporary: removed by the next
+    save if a crash comes first). Elsewhere the old directory is first renamed to a trash name
+    (``trash_base`` + ``.old-*``), so a crash between the two renames leaves ``target`` missing
+    and the old checkpoint out of the listing: the next save removes it.
+    """
+    if not os.path.lexists(target):
+        os.rename(tmp, target)
+        return None
+    if exchange(tmp, target):
+        return tmp  # which now holds the old directory
+    old = temp_name(trash_base, OLD_MARK)
+    os.rename(target, old)
+    os.rename(tmp, target)
+    return old
+
+
+def remove_tree(path: str, trash_base: str) -> None:
+    """Make a directory disappear in one rename (to a trash name), then delete it."""
+    trash = temp_name(trash_base, OLD_MARK)
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
+    """Write a small text file by temporary file + ``os.replace`` (+ fsync of file and parent)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = temp_name(path)
+    try:
+        makedirs_durable(parent, durable=durable)
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(parent)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise DataError(f"cannot write file: {e.strerror or e}", Location(e.filename or path)) from None
+
+
+def remove_leftovers(spec_path: str) -> list[str]:
+    """Remove what interrupted saves and prunes of this model left: ``*.tmp-*`` and ``*.old-*``.
+
+    Call only while holding the model's lock (no live saver is using them then).
+    """
+    removed = []
+    for full in leftovers(spec_path):
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                pass
+        removed.append(full)
+    return removed
+
+

@@ -1,0 +1,200 @@
+"""Angel's partition codecs: the eight row and column layouts, and Java's number text.
+
+Pure codecs (bytes <-> arrays), used by the weight-format table and by ``xser import/export
+angel``. Layouts from ``shared/research/formats.md`` section 2.
+"""
+
+from __future__ import annotations
+
+import struct
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+import numpy as np
+
+from ...errors import DataError, Location
+
+__all__ = ["ANGEL_FORMATS", "BY_CLASS", "PACKAGE", "PARTITIONS_PER_FILE", "decode_partition", "encode_partition", "java_string", "row_type"]
+
+PACKAGE = "com.tencent.angel.model.output.format."
+#: xser name -> Angel class name
+ANGEL_FORMATS = {
+    "value-binary": "ValueBinaryRowFormat",
+    "colid-value-binary": "ColIdValueBinaryRowFormat",
+    "rowid-colid-value-binary": "RowIdColIdValueBinaryRowFormat",
+    "value-text": "ValueTextRowFormat",
+    "colid-value-text": "ColIdValueTextRowFormat",
+    "rowid-colid-value-text": "RowIdColIdValueTextRowFormat",
+    "binary-column": "BinaryColumnFormat",
+    "text-column": "TextColumnFormat",
+}
+BY_CLASS = {PACKAGE + v: k for k, v in ANGEL_FORMATS.items()}
+PARTITIONS_PER_FILE = 5
+
+
+def row_type(rt: int) -> tuple[np.dtype, bool, bool]:
+    """(value dtype, long column ids, dense) of an Angel RowType number."""
+    if not 0 <= rt <= 27:
+        raise ValueError(f"unknown rowType {rt}")
+    group, kind = divmod(rt, 7)
+    value = [np.dtype(">f8"), np.dtype(">f4"), np.dtype(">i8"), np.dtype(">i4")][group]
+    return value, kind in (2, 5, 6), kind in (0, 1, 2)
+
+
+# ---------------------------------------------------------------- Java number text
+
+
+def java_string(x: float, is_float: bool) -> str:
+    """Java's ``Float.toString`` / ``Double.toString`` (shortest digits, as JDK 19 and later)."""
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "-0.0" if np.signbit(x) else "0.0"
+    v = np.float32(x) if is_float else np.float64(x)
+    sci = np.format_float_scientific(v, unique=True, trim="-", exp_digits=1)
+    sign = "-" if sci.startswith("-") else ""
+    mant, exp = sci.lstrip("-").split("e")
+    digits, e = mant.replace(".", ""), int(exp)
+    if 1e-3 <= abs(float(v)) < 1e7:
+        if e >= 0:
+            whole = digits[: e + 1].ljust(e + 1, "0")
+            frac = digits[e + 1 :] or "0"
+        else:
+            whole, frac = "0", "0" * (-e - 1) + digits
+        return f"{sign}{whole}.{frac}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{e}"
+
+
+def _decimal6(x: float) -> str:
+    """``DecimalFormat("#.######")``: at most 6 decimals, half-even, no exponent, '-0' kept."""
+    d = Decimal(repr(float(x))).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
+    text = format(d, "f").rstrip("0").rstrip(".")
+    return "-0" if text in ("-0", "-") or (text == "0" and d.is_signed()) else text
+
+
+def _value_text(x: float, is_float: bool, decimal: bool) -> str:
+    return _decimal6(x) if decimal and not is_float else java_string(x, is_float)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str, is_float: bool, sep: str) -> bytes:
+    vfmt = ">f" if is_float else ">d"
+    part = w[r0:r1, c0:c1]
+    rows, cols = part.shape
+    if fmt.endswith("column"):
+        if fmt == "binary-column":
+            out = bytearray()
+            for j in range(cols):
+                out += struct.pack(">i", c0 + j) + struct.pack(f">{rows}{vfmt[1]}", *part[:, j].tolist())
+            return bytes(out)
+        return "".join(
+            sep.join([str(c0 + j)] + [java_string(v, is_float) for v in part[:, j].tolist()]) + "\n" for j in range(cols)
+        ).encode("latin-1")
+    if fmt.endswith("binary"):
+        recs = []
+        for i in range(rows):
+            for j in range(cols):
+                v = struct.pack(vfmt, part[i, j])
+                if fmt == "value-binary":
+                    recs.append(v)
+                elif fmt == "colid-value-binary":
+                    recs.append(struct.pack(">i", c0 + j) + v)
+                else:
+                    recs.append(struct.pack(">ii", r0 + i, c0 + j) + v)
+        return b"".join(recs)
+    lines = []
+    for i in range(rows):
+        for j in range(cols):
+            v = float(part[i, j])
+            if fmt == "value-text":
+                lines.append(java_string(v, is_float))
+            elif fmt == "colid-value-text":
+                lines.append(f"{c0 + j}{sep}{java_string(v, is_float)}")
+            else:
+                lines.append(f"{r0 + i}{sep}{c0 + j}{sep}{_value_text(v, is_float, True)}")
+    return ("\n".join(lines) + "\n").encode("latin-1") if lines else b""
+
+
+def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str) -> None:
+    r0, c0 = int(pm["startRow"]), int(pm["startCol"])
+    rows_meta = sorted(pm.get("rowMetas", {}).values(), key=lambda m: int(m["rowId"]))
+    idt = ">i8" if long_ids else ">i4"
+    where = Location(path, path=f"partition {pm['partId']}")
+
+    def put(r: int, c: int, v: float) -> None:
+        if not (0 <= r < out.shape[0] and 0 <= c < out.shape[1]):
+            raise DataError(f"element ({r}, {c}) is outside the {out.shape[0]}x{out.shape[1]} matrix", where)
+        out[r, c] = v
+
+    if fmt.endswith("binary") or fmt == "binary-column":
+        rec = {"value-binary": [("v", vdtype)], "colid-value-binary": [("c", idt), ("v", vdtype)],
+               "rowid-colid-value-binary": [("r", ">i4"), ("c", idt), ("v", vdtype)]}.get(fmt)
+        if fmt == "binary-column":
+            n_rows, n_cols = int(pm["saveColElemNum"]), int(pm["saveColNum"])
+            dt = np.dtype([("c", ">i4"), ("v", vdtype, (n_rows,))])
+            if len(data) != dt.itemsize * n_cols:
+                raise DataError(f"{len(data)} bytes, {n_cols} columns of {n_rows} values need {dt.itemsize * n_cols}", where)
+            recs = np.frombuffer(data, dt)
+            row_ids = [int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + n_rows))
+            for c, vals in zip(recs["c"].tolist(), recs["v"]):
+                for r, v in zip(row_ids, vals.tolist()):
+                    put(r, c, v)
+            return
+        dt = np.dtype(rec)
+        if len(data) % dt.itemsize:
+            raise DataError(f"{len(data)} bytes is not a whole number of {dt.itemsize}-byte records", where)
+        recs = np.frombuffer(data, dt)
+        _place_row_records(recs, rows_meta, fmt, r0, c0, put, where)
+        return
+    text = data.decode("latin-1")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    sep = "," if not lines or "," in lines[0] or fmt == "value-text" else (" " if " " in lines[0] else "\t")
+    if fmt == "text-column":
+        row_ids = [int(m["rowId"]) for m in rows_meta]
+        for k, line in enumerate(lines):
+            f = line.split(sep)
+            for r, v in zip(row_ids, f[1:]):
+                put(r, int(f[0]), _parse_value(v, path, k + 1))
+        return
+    fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
+    recs = []
+    for k, line in enumerate(lines):
+        f = line.split(sep)
+        if len(f) != fields:
+            raise DataError(f"{len(f)} fields, {fields} expected", Location(path, k + 1))
+        recs.append(tuple(f))
+    _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path)
+
+
+def _parse_value(text: str, path: str, line: int) -> float:
+    try:
+        return float(text.replace("Infinity", "inf"))
+    except ValueError:
+        raise DataError(f"not a number: {text!r}", Location(path, line)) from None
+
+
+def _place_row_records(recs: Any, rows_meta: list, fmt: str, r0: int, c0: int, put: Any, where: Any, text_path: str | None = None) -> None:
+    k = 0
+    counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
+    total = sum(n for _, n in counts)
+    if total != len(recs):
+        raise DataError(f"{len(recs)} records, the row metadata says {total}", where)
+    for row, n in counts:
+        for i in range(n):
+            rec = recs[k]
+            if fmt.startswith("value"):
+                v, r, c = rec[0], row, c0 + i
+            elif fmt.startswith("colid"):
+                c, v, r = rec[0], rec[1], row
+            else:
+                r, c, v = rec[0], rec[1], rec[2]
+            if text_path is not None:
+                r, c, v = int(r), int(c), _parse_value(str(v), text_path, k + 1)
+            put(int(r), int(c), float(v))
+            k += 1

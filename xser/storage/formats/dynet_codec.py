@@ -1,0 +1,74 @@
+"""DyNet's text records (``#Parameter# /sub/name {dims} bytes ZERO_GRAD`` + column-major values).
+
+A pure codec (bytes <-> records), used by the ``dynet-text`` weight format and by ``xser
+import/export xnmt``. Grammar in ``shared/research/xnmt.md`` section 4.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ...errors import DataError, Location
+
+__all__ = ["parse_dynet_text", "write_dynet_text"]
+
+_HEADER = re.compile(r"#(Parameter|LookupParameter)# (\S+) \{([0-9,]+)(?:X([0-9]+))?\} ([0-9]+)(?: (ZERO_GRAD|FULL_GRAD))?")
+
+
+def parse_dynet_text(data: bytes, path: str) -> list[dict]:
+    """The records of one DyNet text file's bytes: kind, key, name, dims, grad flag and float32 values."""
+    records = []
+    pos = 0
+    line_no = 1
+    while pos < len(data):
+        end = data.find(b"\n", pos)
+        if end < 0:
+            raise DataError("record header without a newline", Location(path, line_no))
+        header = data[pos:end].decode("ascii", "replace")
+        m = _HEADER.fullmatch(header)
+        if not m:
+            raise DataError(f"not a DyNet record header: {header[:80]!r}", Location(path, line_no))
+        kind, key, dims, batch, nbytes, grad = m.groups()
+        if batch is not None and batch != "1":
+            raise DataError(f"batched parameters are not supported ({header[:80]!r})", Location(path, line_no))
+        shape = tuple(int(d) for d in dims.split(","))
+        n = int(np.prod(shape, dtype=np.int64))
+        nbytes = int(nbytes)
+        full = grad in (None, "FULL_GRAD")
+        expected = (16 * n + 1) * (2 if full else 1)
+        if nbytes != expected:
+            raise DataError(f"byte count {nbytes} does not match {n} values ({expected})", Location(path, line_no))
+        body = data[end + 1 : end + 1 + nbytes]
+        if len(body) != nbytes:
+            raise DataError(f"file ends inside the values of {key}", Location(path, line_no + 1))
+        values_line = body[: 16 * n + 1]
+        tokens = values_line.split()
+        if len(tokens) != n or not values_line.endswith(b"\n"):
+            raise DataError(f"{key}: {len(tokens)} values on the line, the header says {n}", Location(path, line_no + 1))
+        try:
+            values = np.array([float(t) for t in tokens], np.float32)
+        except ValueError:
+            raise DataError(f"{key}: a value is not a number", Location(path, line_no + 1)) from None
+        if not np.all(np.isfinite(values)):
+            raise DataError(f"{key}: non-finite value", Location(path, line_no + 1))
+        name = key.rsplit("/", 1)[-1]
+        records.append({"kind": kind, "key": key, "name": name, "dims": list(shape), "grad": grad,
+                        "array": values.reshape(shape, order="F")})
+        pos = end + 1 + nbytes
+        line_no += 2 + (1 if full else 0)
+    return records
+
+
+def write_dynet_text(records: list[dict]) -> bytes:
+    """DyNet's TextFileSaver output for these records (values as ``%+.8e``, zero gradients)."""
+    out = []
+    for r in records:
+        a = np.asarray(r["array"], np.float32)
+        n = a.size
+        dims = ",".join(str(d) for d in r["dims"])
+        out.append(f"#{r['kind']}# {r['key']} {{{dims}}} {16 * n + 1} ZERO_GRAD\n")
+        flat = a.reshape(-1, order="F").tolist()
+        out.append("".join(f"{v:+.8e} " for v in flat) + "\n")
+    return "".join(out).encode("ascii")

@@ -1,0 +1,106 @@
+"""The other systems' layouts as weight formats: DyNet text and Angel's eight formats.
+
+Any parameter can be stored in them (``save(..., formats={"*/W": "colid-value-text"})``); the
+manifest records the format and loading needs no further information. Angel formats store 2-D
+float32/float64 matrices as one partition; ``dynet-text`` stores one DyNet record per file
+(column-major, 9 significant digits: float32 is exact).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ...errors import DataError, Location, shape_str
+from ..checksums import digest_bytes
+from .angel_codec import ANGEL_FORMATS, decode_partition, encode_partition
+from .dynet_codec import parse_dynet_text, write_dynet_text
+from .text import load_checked
+
+__all__ = ["EXTERNAL"]
+
+
+class _BytesFormat:
+    """A format whose files are produced and parsed whole (they are small or text)."""
+
+    suffix = ".txt"
+
+    def __init__(self, name: str, suffix: str) -> None:
+        self.name, self.suffix = name, suffix
+
+    # subclasses define encode(path, array, **options) -> bytes and decode(path, data, dtype, shape)
+
+    def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
+        data = self.encode(path, array, **options)
+        with open(path, "xb") as f:
+            f.write(data)
+        return len(data), digest_bytes(data)
+
+    def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
+        data = load_checked(f, where, size, verify)
+        out = self.decode(where, data, dtype, tuple(shape))
+        if out.shape != tuple(shape):
+            raise DataError(f"file holds {shape_str(out.shape)}, manifest says {shape_str(shape)}", Location(where))
+        return out.astype(dtype, copy=False)
+
+    def read_rows(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
+        return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
+
+    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
+        """These layouts are decoded whole (column-major or record files), then handed out in pieces."""
+        flat = self.read(f, where, dtype, shape, size, mmap=False, verify=None).reshape(-1)
+        for start in range(0, flat.size, max(1, elements)):
+            yield flat[start : start + elements]
+
+
+class DynetText(_BytesFormat):
+    def encode(self, path: str, array: np.ndarray, **options: Any) -> bytes:
+        if options or array.dtype.kind != "f" or array.ndim == 0:
+            raise DataError(f"dynet-text stores float arrays with at least one dimension (no options), got {array.dtype} {shape_str(array.shape)}", Location(path))
+        sub = os.path.basename(os.path.dirname(path))
+        name = os.path.basename(path)[: -len(self.suffix)]
+        return write_dynet_text([{"kind": "Parameter", "key": f"/{sub}/{name}", "dims": list(array.shape), "array": array}])
+
+    def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        records = parse_dynet_text(data, path)
+        if len(records) != 1:
+            raise DataError(f"{len(records)} DyNet records in the file, 1 expected", Location(path))
+        return records[0]["array"]
+
+
+class AngelFormat(_BytesFormat):
+    def encode(self, path: str, array: np.ndarray, sep: str = ",", **options: Any) -> bytes:
+        if options:
+            raise DataError(f"{self.name} takes only sep, got {sorted(options)}", Location(path))
+        if array.ndim != 2 or array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
+            raise DataError(f"{self.name} stores 2-D float32 or float64 matrices, got {array.dtype} {shape_str(array.shape)}", Location(path))
+        r, c = array.shape
+        return encode_partition(array, 0, r, 0, c, self.name, array.dtype.itemsize == 4, sep)
+
+    def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
+        if len(shape) != 2:
+            raise DataError(f"{self.name} holds a matrix, the manifest says {shape_str(shape)}", Location(path))
+        r, c = shape
+        column = self.name.endswith("column")
+        pm = {"partId": 0, "startRow": 0, "startCol": 0, "saveColNum": c, "saveColElemNum": r,
+              "rowMetas": {str(i): {"rowId": i, "elementNum": c} for i in range(r)} if not column else
+              {str(i): {"rowId": i, "elementNum": c} for i in range(r)}}
+        out = np.zeros(shape, np.dtype(dtype).newbyteorder("="))
+        vdtype = np.dtype(">f4") if np.dtype(dtype).itemsize == 4 else np.dtype(">f8")
+        decode_partition(out, pm, data, self.name, vdtype, False, path)
+        return out
+
+
+def _external() -> dict[str, Any]:
+    ANGEL = ANGEL_FORMATS
+
+    out: dict[str, Any] = {"dynet-text": DynetText("dynet-text", ".dynet")}
+    for name in ANGEL:
+        out[name] = AngelFormat(name, ".bin" if "binary" in name else ".txt")
+    return out
+
+
+EXTERNAL = _external

@@ -1,0 +1,272 @@
+"""The default weight format: ``.npy`` (numpy's own, 64-byte aligned headers, mmap-able).
+
+Files are readable with ``numpy.load(path, allow_pickle=False)`` alone. Writes hash the whole
+file while writing, chunk by chunk, so the data is hashed while it is still in the CPU cache.
+Reads take an open file (the data directory opened it relative to its descriptor) and check
+the header against the manifest and the file size *before* allocating anything.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol
+
+import numpy as np
+import numpy.lib.format as npf
+
+# numpy's helpers that choose the header version live in a private module in numpy 2
+# (np.lib._format_impl) and in np.lib.format in numpy 1; both are optional here.
+_IMPL = getattr(np.lib, "_format_impl", npf)
+# numpy warns each time it must write a 3.0 header (utf-8 record field names); xser
+# reads them and records the version in the file itself, so the warning is noise.
+warnings.filterwarnings("ignore", message="Stored array in format 3.0", category=UserWarning)
+
+from ...errors import DataError, Location, shape_str
+from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, verify as check_digest
+
+__all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
+
+CHUNK = 8 << 20
+MAX_HEADER = 1 << 20  # numpy's default is 10,000 bytes; record dtypes we wrote can be larger
+
+
+class Format(Protocol):
+    """A weight format: writes one array to a new file, reads it back from an open file.
+
+    ``where`` is the file's path for messages; readers never open anything by name.
+    """
+
+    name: str
+    suffix: str
+
+    def write(self, path: str, array: np.ndarray, known: tuple[int, str] | None = None, **options) -> tuple[int, str]:
+        """Write ``array`` to a new file ``path``; return (file size, xxh3_64 hex digest of the file)."""
+        ...
+
+    def read(
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
+    ) -> np.ndarray:
+        """Read the array back, checking it against the manifest's dtype, shape and size."""
+        ...
+
+    def read_rows(
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: tuple[str, str] | None
+    ) -> np.ndarray:
+        """Rows ``first:stop`` of the array (only their bytes where the layout allows)."""
+        ...
+
+    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
+        """The array's elements in C order, as flat arrays of at most ``elements`` each, streamed."""
+        ...
+
+
+def describe_dtype(dtype: np.dtype):
+    """The manifest's dtype: numpy's ``.npy`` descr (``'<f4'``, or a list for records)."""
+    return npf.dtype_to_descr(np.dtype(dtype))
+
+
+def _from_json(descr):
+    """JSON turns the tuples of a record descr into lists; turn them back."""
+    if not isinstance(descr, list):
+        return descr
+    fields = []
+    for item in descr:
+        if not isinstance(item, (list, tuple)) or len(item) not in (2, 3):
+            raise ValueError(f"bad record field {item!r}")
+        name = tuple(item[0]) if isinstance(item[0], list) else item[0]
+        field = (name, _from_json(item[1]))
+        if len(item) == 3:
+            field += (tuple(item[2]),)
+        fields.append(field)
+    return fields
+
+
+def parse_dtype(descr) -> np.dtype:
+    """Inverse of ``describe_dtype``; raises ``ValueError``/``TypeError`` on junk."""
+    dt = npf.descr_to_dtype(_from_json(descr))
+    if dt.hasobject:
+        raise ValueError("object dtypes need pickle and are not supported")
+    return dt
+
+
+def byte_view(array: np.ndarray) -> np.ndarray:
+    """The array's bytes in memory order, as a flat uint8 view (no copy)."""
+    flat = array.reshape(-1, order="A")
+    return flat.view(np.uint8)
+
+
+def _header(array: np.ndarray) -> bytes:
+    """numpy's own header: version 1.0, or 2.0/3.0 when a record dtype needs them."""
+    return header_for(array.dtype, array.shape, bool(array.flags.f_contiguous and not array.flags.c_contiguous))
+
+
+def header_for(dtype: np.dtype, shape: tuple, fortran: bool) -> bytes:
+    """The ``.npy`` header numpy writes for an array of this dtype, shape and memory order."""
+    d = {"descr": npf.dtype_to_descr(np.dtype(dtype)), "fortran_order": bool(fortran), "shape": tuple(shape)}
+    buf = io.BytesIO()
+    write = getattr(_IMPL, "_write_array_header", None)  # picks 1.0, 2.0 or 3.0 (utf-8 names)
+    if write is not None:
+        write(buf, d, None)
+    else:  # pragma: no cover - a numpy without the helper: 1.0 or 2.0 only
+        try:
+            npf.write_array_header_1_0(buf, d)
+        except ValueError:
+            buf = io.BytesIO()
+            npf.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def read_header(f, path: str) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, data offset) of an open ``.npy`` file."""
+    try:
+        version = npf.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npf.read_array_header_1_0(f, max_header_size=MAX_HEADER)
+        elif version == (2, 0):
+            shape, fortran, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_HEADER)
+        elif version == (3, 0) and hasattr(_IMPL, "_read_array_header"):
+            shape, fortran, dtype = _IMPL._read_array_header(f, version, max_header_size=MAX_HEADER)
+        else:
+            raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
+    except (ValueError, SyntaxError, EOFError, OSError) as e:
+        raise DataError(f"not a valid .npy file: {e}", _where(path)) from None
+    if dtype.hasobject:
+        raise DataError("object arrays need pickle and are never loaded", _where(path))
+    return shape, fortran, dtype, f.tell()
+
+
+def _where(path: str) -> Location:
+    return Location(path)
+
+
+def _read_exactly(f, view: np.ndarray, path: str) -> None:
+    pos = 0
+    while pos < view.size:
+        n = f.readinto(view[pos:])
+        if not n:
+            raise DataError(f"file ended after {pos} of {view.size} data bytes", _where(path))
+        pos += n
+
+
+class NpyFormat:
+    name = "npy"
+    suffix = ".npy"
+
+    def _prepare(self, path: str, array: np.ndarray) -> tuple[bytes, np.ndarray]:
+        if array.dtype.hasobject:
+            raise DataError("object arrays cannot be saved (they need pickle)", _where(path))
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            array = np.ascontiguousarray(array)
+        return _header(array), (byte_view(array) if array.size else np.empty(0, np.uint8))
+
+    def digest(self, array: np.ndarray) -> tuple[int, str]:
+        """(file size, checksum) of the file ``write`` would produce, without writing it."""
+        header, data = self._prepare("<array>", array)
+        h = CHECKSUMS[DEFAULT_CHECKSUM]()
+        h.update(header)
+        for start in range(0, data.size, CHUNK):
+            h.update(data[start : start + CHUNK])
+        return len(header) + data.size, h.hexdigest()
+
+    def write_stream(self, path: str, header: bytes, chunks) -> tuple[int, str]:
+        """Write ``header`` then each chunk (bytes-like) of a new file, hashing as it goes."""
+        with HashingWriter(path) as w:
+            w.write(header)
+            for chunk in chunks:
+                w.write(chunk)
+        return w.size, w.hexdigest()
+
+    def write(self, path: str, array: np.ndarray, known: tuple[int, str] | None = None, **options) -> tuple[int, str]:
+        """Write the file; hash while writing unless the digest is ``known`` already."""
+        if options:
+            raise DataError(f"the npy format takes no options, got {sorted(options)}", _where(path))
+        header, data = self._prepare(path, array)
+        with HashingWriter(path, hash=known is None) as w:
+            w.write(header)
+            for start in range(0, data.size, CHUNK):
+                w.write(data[start : start + CHUNK])
+        return known if known is not None else (w.size, w.hexdigest())
+
+    def read_rows(
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: tuple[str, str] | None
+    ) -> np.ndarray:
+        """Rows ``first:stop`` of the array; only their bytes are read (C order, no verify)."""
+        first, stop = rows
+        offset, fortran = self._check(f, where, dtype, shape, size)
+        if not fortran and verify is None:
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            out = np.empty((stop - first,) + tuple(shape[1:]), dtype)
+            view = byte_view(out) if out.size else np.empty(0, np.uint8)
+            f.seek(offset + first * row_bytes)
+            _read_exactly(f, view, where)
+            return out
+        f.seek(0)
+        return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[first:stop]
+
+    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
+        """Consecutive elements in C order, read into one reused buffer (C-order files: plain reads)."""
+        offset, fortran = self._check(f, where, dtype, shape, size)
+        total = int(np.prod(shape, dtype=np.int64))
+        n = max(1, min(elements, total))
+        if fortran and len(shape) > 1:  # rare: read C-order row bands out of a read-only map
+            mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
+            step = max(1, n // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+            for first in range(0, shape[0], step):
+                yield np.ascontiguousarray(mapped[first : first + step]).reshape(-1)
+            return
+        raw = np.empty(n * dtype.itemsize, np.uint8)
+        f.seek(offset)
+        for start in range(0, total, n):
+            m = min(n, total - start)
+            buf = raw[: m * dtype.itemsize]
+            _read_exactly(f, buf, where)
+            yield buf.view(dtype)
+
+    def _check(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int) -> tuple[int, bool]:
+        """Check size and header against the manifest; return (data offset, fortran order)."""
+        actual = os.fstat(f.fileno()).st_size
+        if actual != size:
+            raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(where))
+        f.seek(0)
+        fshape, fortran, fdtype, offset = read_header(f, where)
+        if fdtype != dtype:
+            raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(where))
+        if tuple(fshape) != tuple(shape):
+            raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(where))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offset + nbytes != actual:
+            raise DataError(
+                f"header promises {nbytes} bytes of data for shape {shape_str(shape)} {dtype}, "
+                f"the file holds {actual - offset}",
+                _where(where),
+            )
+        return offset, fortran
+
+    def read(
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
+    ) -> np.ndarray:
+        offset, fortran = self._check(f, where, dtype, shape, size)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        order = "F" if fortran else "C"
+        if mmap and nbytes and verify is None:
+            return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
+        out = np.empty(tuple(shape), dtype=dtype, order=order)
+        view = byte_view(out) if nbytes else np.empty(0, np.uint8)
+        _read_exactly(f, view, where)
+        if verify is not None:
+            algo, _ = verify
+            f.seek(0)
+            h = CHECKSUMS[algo]()
+            h.update(f.read(offset))
+            h.update(view)
+            check_digest(verify, h.hexdigest(), where)
+        if mmap and nbytes:
+            # verified first, then mapped: the caller still gets a lazy copy-on-write map
+            return np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=tuple(shape), order=order)
+        return out
+
+
+NPY = NpyFormat()

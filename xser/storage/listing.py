@@ -1,0 +1,184 @@
+"""A model's checkpoints, listed as one consistent snapshot even while a saver rotates them.
+
+Every slot (``.data``, ``.data.1``, ...) is opened (``OpenedDir``: a descriptor plus its
+manifest); the listing is taken again until nothing moved while it was read, so a rotation in
+another process never makes a checkpoint appear twice or out of order. Each checkpoint keeps
+its descriptor, so what a caller reads afterwards is the checkpoint it listed.
+
+Checkpoints of one model share the manifest's ``model`` id. Valid checkpoints carrying another
+id were left by an interrupted replacement of the model (``restart=True``, ``--force``); they
+are not listed, and the next save removes them. A slot whose manifest is written by a newer
+xser is an error naming the version, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import attrs
+
+from ..errors import CheckpointError, DataError, Location
+from .layout import data_dir_of, slot_names
+from .manifest import NewerFormatError
+from .opened import OpenedDir
+
+__all__ = ["Checkpoint", "Scan", "checkpoints", "open_checkpoint", "scan"]
+
+ATTEMPTS = 200  # listings retried until stable; a rotation step takes microseconds to milliseconds
+
+
+@attrs.frozen
+class Checkpoint:
+    """One published checkpoint, as its manifest describes it."""
+
+    index: int  # position in the list, 0 = newest
+    path: str  # its data directory
+    step: int | None
+    created: str
+    metrics: dict = attrs.field(factory=dict)
+    training: dict = attrs.field(factory=dict)
+    custom: dict = attrs.field(factory=dict)
+    has_training_state: bool = False
+    id: str | None = None  # unique per checkpoint (format_version >= 2)
+    model: str | None = None  # shared by the checkpoints of one model
+
+
+@attrs.define
+class Scan:
+    """What the slots of a model hold, taken as one snapshot. Close it (or use ``with``)."""
+
+    spec_path: str
+    listed: list[tuple[Checkpoint, OpenedDir]]  # the model's checkpoints, newest first
+    foreign: list[OpenedDir] = attrs.field(factory=list)  # another model's (an interrupted replacement)
+    damaged: list[tuple[str, str]] = attrs.field(factory=list)  # (slot path, why it is not a checkpoint)
+    slots: dict[str, int] = attrs.field(factory=dict)  # slot path -> slot number
+
+    @property
+    def checkpoints(self) -> list[Checkpoint]:
+        return [c for c, _ in self.listed]
+
+    def close(self) -> None:
+        for _, d in self.listed:
+            d.close()
+        for d in self.foreign:
+            d.close()
+
+    def __enter__(self) -> Scan:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _record(index: int, d: OpenedDir) -> Checkpoint:
+    meta = d.meta
+    return Checkpoint(
+        index, d.path, meta.get("step"), str(meta.get("created", "")), dict(meta.get("metrics") or {}),
+        dict(meta.get("training") or {}), dict(meta.get("custom") or {}), d.manifest.state is not None,
+        meta.get("id"), meta.get("model"),
+    )
+
+
+def scan(spec_path: str | os.PathLike) -> Scan:
+    """Open every slot of the model and sort them into checkpoints, foreign and damaged ones."""
+    spec_path = os.fspath(spec_path)
+    for attempt in range(ATTEMPTS):
+        slots = slot_names(spec_path)
+        opened: list[tuple[int, OpenedDir]] = []
+        damaged: list[tuple[str, str]] = []
+        moved = False
+        for slot, path in slots:
+            try:
+                opened.append((slot, OpenedDir.open(path)))
+            except NewerFormatError as e:
+                for _, d in opened:
+                    d.close()
+                raise CheckpointError(
+                    f"checkpoint {os.path.basename(path)} was written by a newer xser (format_version {e.version}); "
+                    "upgrade xser to read or save this model",
+                    Location(path),
+                ) from None
+            except DataError as e:
+                if not os.path.lexists(path):
+                    moved = True  # renamed away while listing
+                    break
+                damaged.append((path, e.message))
+        if not moved and _stable(spec_path, slots, opened):
+            break
+        for _, d in opened:
+            d.close()
+        time.sleep(min(0.01, 0.0002 * (attempt + 1)))
+    else:  # pragma: no cover - a saver rotating non-stop for seconds: take the last listing, deduplicated
+        pass
+    seen: set[str] = set()
+    mine: list[OpenedDir] = []
+    foreign: list[OpenedDir] = []
+    lineage = None
+    for _, d in opened:  # by slot: the newest first
+        if d.id is not None and d.id in seen:
+            d.close()
+            continue
+        if d.id is not None:
+            seen.add(d.id)
+        if lineage is None:
+            lineage = d.manifest.model or ""
+        if d.manifest.model and lineage and d.manifest.model != lineage:
+            foreign.append(d)
+        else:
+            mine.append(d)
+    listed = [(_record(i, d), d) for i, d in enumerate(mine)]
+    return Scan(spec_path, listed, foreign, damaged, {p: s for s, p in slots})
+
+
+def _stable(spec_path: str, slots: list[tuple[int, str]], opened: list[tuple[int, OpenedDir]]) -> bool:
+    if slot_names(spec_path) != slots:
+        return False
+    for _, d in opened:
+        try:
+            st = os.stat(d.path, follow_symlinks=False)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) != d.ino:
+            return False
+    return True
+
+
+def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
+    """The checkpoints of a saved model, newest first, with step, time and metrics.
+
+    Directories without a valid manifest are not checkpoints and are not listed; a checkpoint
+    written by a newer xser is a ``CheckpointError``.
+    """
+    with scan(path) as s:
+        return s.checkpoints
+
+
+def check_index(path: str, checkpoint: Any) -> int:
+    if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
+        raise CheckpointError(f"checkpoint must be an int >= 0, got {checkpoint!r}", Location(path))
+    return checkpoint
+
+
+def open_checkpoint(path: str | os.PathLike, checkpoint: int = 0) -> OpenedDir:
+    """Open checkpoint ``checkpoint`` (0 = newest) of the model at ``path``; the caller closes it."""
+    path = os.fspath(path)
+    check_index(path, checkpoint)
+    if checkpoint == 0:
+        try:
+            return OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
+        except DataError:
+            if os.path.lexists(data_dir_of(path, 0)):
+                raise
+    with scan(path) as s:
+        found = s.listed
+        if checkpoint < len(found):
+            d = found[checkpoint][1]
+            found.pop(checkpoint)
+            return d
+        if not found:
+            if s.damaged:
+                raise DataError(s.damaged[0][1], Location(s.damaged[0][0]))
+            raise DataError("data directory not found (was the model saved with xser.save?)", Location(data_dir_of(path, 0)))
+        raise CheckpointError(f"no checkpoint {checkpoint}: the model has {len(found)} (0 to {len(found) - 1})", Location(path))

@@ -1,0 +1,377 @@
+"""The manifest schema, both ways: parsing and checking ``manifest.json``, and writing it.
+
+The manifest is a data directory's commit point (``docs/format.md`` section 2.1 is the
+specification). Everything that reads or writes one goes through this module, so the schema
+has one home. Parsing never trusts the file: every field is type-checked, file names are
+confined to the directory, and block layouts are checked to tile their parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .. import _version
+from ..errors import DataError, Location, did_you_mean
+from .checksums import CHECKSUMS
+from .formats import FORMATS, get_format
+from .formats.npy import describe_dtype, parse_dtype
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "SPEC_FILE",
+    "Block",
+    "Manifest",
+    "NewerFormatError",
+    "ParamEntry",
+    "block_json",
+    "param_json",
+    "spec_json",
+    "parse_manifest",
+    "render_manifest",
+]
+
+MANIFEST = "manifest.json"
+SPEC_FILE = "spec.yaml"
+#: 2 added ``id``, ``model`` and ``spec`` (each checkpoint carries its own spec).
+FORMAT_VERSION = 2
+STATE_DIR = "training_state"
+
+
+class NewerFormatError(DataError):
+    """A manifest written by a newer xser: a checkpoint this version cannot read (never 'not a checkpoint')."""
+
+    def __init__(self, message: str, location: Location | None = None, version: int = 0) -> None:
+        self.version = version
+        super().__init__(message, location)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.location, self.version))
+
+
+@attrs.frozen
+class Block:
+    """One file holding a parameter, or the box ``start``..``start + shape`` of it."""
+
+    file: str
+    format: str
+    bytes: int
+    checksum: tuple[str, str]  # (algorithm, hex digest)
+    start: tuple[int, ...] | None = None  # None: the block is the whole parameter
+    shape: tuple[int, ...] | None = None
+
+    def box(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (self.start, self.shape) if self.start is not None else ((0,) * len(full), full)
+
+
+@attrs.frozen
+class ParamEntry:
+    subcol: str
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    trainable: bool
+    blocks: tuple[Block, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def whole(self) -> bool:
+        """Stored as one file holding the whole parameter."""
+        return len(self.blocks) == 1 and self.blocks[0].start is None
+
+
+@attrs.frozen
+class Manifest:
+    """A parsed, checked manifest."""
+
+    version: int
+    meta: dict  # every top-level field except "subcollections" (step, metrics, training, custom, ...)
+    entries: dict  # {subcollection: {param: ParamEntry}}
+    spec: Block | None = None  # the checkpoint's own spec file (format_version >= 2)
+    state: Any = None  # the training-state tree with {"$array": key} markers, or None
+    state_entries: dict = attrs.field(factory=dict)  # {key: ParamEntry}
+
+    @property
+    def id(self) -> str | None:
+        return self.meta.get("id")
+
+    @property
+    def model(self) -> str | None:
+        return self.meta.get("model")
+
+
+# ---------------------------------------------------------------- writing
+
+
+def block_json(file: str, fmt: str, size: int, checksum: tuple[str, str], start: tuple | None = None, shape: tuple | None = None) -> dict:
+    b: dict[str, Any] = {"file": file, "format": fmt, "bytes": int(size), checksum[0]: checksum[1]}
+    if start is not None:
+        b["start"], b["shape"] = [int(x) for x in start], [int(x) for x in shape]
+    return b
+
+
+def param_json(dtype: np.dtype, shape: tuple, trainable: bool, blocks: list[dict]) -> dict:
+    return {"dtype": describe_dtype(dtype), "shape": [int(s) for s in shape], "trainable": bool(trainable), "blocks": blocks}
+
+
+def new_manifest(meta: Mapping[str, Any], *, id: str, model: str, created: str) -> dict:
+    """The top-level fields of a manifest, in the order they are written."""
+    return {
+        "format": "xser",
+        "format_version": FORMAT_VERSION,
+        "xser_version": _version.__version__,
+        "id": id,
+        "model": model,
+        "created": created,
+        "step": meta.get("step"),
+        "metrics": dict(meta.get("metrics") or {}),
+        "training": dict(meta.get("training") or {}),
+        "custom": dict(meta.get("custom") or {}),
+    }
+
+
+def render_manifest(manifest: dict) -> str:
+    """JSON with one line per parameter entry: diffable and readable by eye."""
+    enc = lambda v: json.dumps(v, ensure_ascii=False, allow_nan=True)  # noqa: E731
+    lines = ["{"]
+    for key, value in manifest.items():
+        if key != "subcollections":
+            lines.append(f"  {enc(key)}: {enc(value)},")
+    subs = manifest["subcollections"]
+    lines.append('  "subcollections": {' + ("" if subs else "}"))
+    for i, (sub, params) in enumerate(subs.items()):
+        end = "," if i < len(subs) - 1 else ""
+        if not params:
+            lines.append(f"    {enc(sub)}: {{}}{end}")
+            continue
+        lines.append(f"    {enc(sub)}: {{")
+        for j, (pname, entry) in enumerate(params.items()):
+            lines.append(f"      {enc(pname)}: {enc(entry)}" + ("," if j < len(params) - 1 else ""))
+        lines.append("    }" + end)
+    if subs:
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- reading
+
+
+def parse_manifest(raw: bytes, mpath: str) -> Manifest:
+    """Parse and check the bytes of ``manifest.json`` (``mpath`` is for messages)."""
+    try:
+        m = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"corrupt manifest: not UTF-8 ({e.reason} at byte {e.start})", Location(mpath)) from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"corrupt manifest: {e.msg}", Location(mpath, e.lineno, e.colno)) from None
+    except RecursionError:
+        raise DataError("corrupt manifest: nested too deeply", Location(mpath)) from None
+    return check_manifest(m, mpath)
+
+
+def _bad(msg: str, mpath: str) -> DataError:
+    return DataError(f"corrupt manifest: {msg}", Location(mpath))
+
+
+def check_manifest(m: Any, mpath: str) -> Manifest:
+    if not isinstance(m, dict) or m.get("format") != "xser":
+        raise _bad("not an xser manifest (no \"format\": \"xser\")", mpath)
+    version = m.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _bad(f"format_version must be an int >= 1, got {version!r}", mpath)
+    if version > FORMAT_VERSION:
+        raise NewerFormatError(
+            f"format_version {version} was written by a newer xser (this is {_version.__version__}, reads <= {FORMAT_VERSION})",
+            Location(mpath),
+            version,
+        )
+    subs = m.get("subcollections")
+    if not isinstance(subs, dict):
+        raise _bad("\"subcollections\" must be a mapping", mpath)
+    for key in ("training", "custom", "metrics"):
+        if not isinstance(m.get(key) or {}, dict):
+            raise _bad(f"{key!r} must be a mapping", mpath)
+    for key in ("id", "model"):
+        value = m.get(key)
+        if version >= 2 and (not isinstance(value, str) or not value or len(value) > 64):
+            raise _bad(f"{key!r} must be a non-empty string of at most 64 characters, got {value!r}", mpath)
+    step = m.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise _bad(f"'step' must be an int or null, got {step!r}", mpath)
+    entries: dict[str, dict[str, ParamEntry]] = {}
+    for sub, params in subs.items():
+        _check_name(sub, mpath)
+        if "/" in sub or not isinstance(params, dict):
+            raise _bad(f"subcollection {sub!r} must map parameter names to entries", mpath)
+        entries[sub] = {}
+        for pname, e in params.items():
+            entries[sub][pname] = _entry(sub, pname, e, mpath)
+    spec = None
+    if "spec" in m:
+        spec = _spec_block(m["spec"], mpath)
+    elif version >= 2:
+        raise _bad("missing field 'spec' (the checkpoint's own spec file)", mpath)
+    state, state_entries = None, {}
+    if "training_state" in m:
+        ts = m["training_state"]
+        if not isinstance(ts, dict) or not isinstance(ts.get("arrays", {}), dict) or "tree" not in ts:
+            raise _bad("training_state must be {\"tree\": ..., \"arrays\": {...}}", mpath)
+        state = ts["tree"]
+        state_entries = {k: _entry(STATE_DIR, k, e, mpath) for k, e in ts.get("arrays", {}).items()}
+    meta = {k: v for k, v in m.items() if k != "subcollections"}
+    return Manifest(version, meta, entries, spec, state, state_entries)
+
+
+def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
+    where = f"{sub}/{pname}"
+    if not isinstance(pname, str) or not pname or "/" in pname:
+        raise _bad(f"{where}: parameter names are non-empty strings without '/'", mpath)
+    if not isinstance(e, dict):
+        raise _bad(f"{where}: entry must be a mapping", mpath)
+    try:
+        dtype = parse_dtype(e["dtype"])
+        if not isinstance(e["shape"], list):
+            raise ValueError(f"bad shape {e['shape']!r}")
+        shape = tuple(e["shape"])
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 62 for s in shape):
+            raise ValueError(f"bad shape {e['shape']!r}")
+        blocks = e["blocks"]
+        if not isinstance(blocks, list) or not blocks:
+            raise ValueError("blocks must be a non-empty list")
+        parsed = tuple(_check_block(b, shape, mpath) for b in blocks)
+        check_tiling(parsed, shape)
+        trainable = e.get("trainable", True)
+        if not isinstance(trainable, bool):
+            raise ValueError(f"trainable must be true or false, got {trainable!r}")
+    except DataError:
+        raise
+    except KeyError as err:
+        raise _bad(f"{where}: missing field {err.args[0]!r}", mpath) from None
+    except (TypeError, ValueError, OverflowError) as err:
+        raise _bad(f"{where}: {err}", mpath) from None
+    return ParamEntry(sub, pname, dtype, shape, trainable, parsed)
+
+
+def _check_name(rel: Any, mpath: str) -> str:
+    if not isinstance(rel, str) or not rel:
+        raise _bad(f"file name must be a non-empty string, got {rel!r}", mpath)
+    parts = rel.split("/")
+    if rel.startswith("/") or os.path.isabs(rel) or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the data directory)", Location(mpath))
+    return rel
+
+
+def spec_json(file: str, size: int, checksum: tuple[str, str]) -> dict:
+    return {"file": file, "bytes": int(size), checksum[0]: checksum[1]}
+
+
+def _spec_block(b: Any, mpath: str) -> Block:
+    """The ``spec`` field: ``{"file": "spec.yaml", "bytes": n, "xxh3_64": hex}``."""
+    try:
+        if not isinstance(b, dict) or set(b) - {"file", "bytes"} - set(CHECKSUMS):
+            raise ValueError("must be {\"file\", \"bytes\", and one checksum}")
+        sums = [k for k in CHECKSUMS if k in b]
+        if len(sums) != 1 or not isinstance(b[sums[0]], str):
+            raise ValueError(f"needs exactly one checksum ({' or '.join(CHECKSUMS)})")
+        int(b[sums[0]], 16)
+        if not isinstance(b["bytes"], int) or isinstance(b["bytes"], bool) or not 0 <= b["bytes"] <= 1 << 30:
+            raise ValueError(f"bad byte size {b['bytes']!r}")
+    except (KeyError, TypeError, ValueError) as err:
+        raise _bad(f"spec: {err}", mpath) from None
+    return Block(_check_name(b["file"], mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
+
+
+def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
+    if not isinstance(b, dict):
+        raise ValueError("a block must be a mapping")
+    sums = [k for k in CHECKSUMS if k in b]
+    if set(b) - {"file", "format", "bytes", "start", "shape"} - set(CHECKSUMS):
+        raise ValueError(f"block fields not understood by this xser: {sorted(set(b))}")
+    if len(sums) != 1 or not isinstance(b[sums[0]], str):
+        raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
+    int(b[sums[0]], 16)
+    if not isinstance(b["format"], str) or get_format(b["format"]) is None:
+        near = did_you_mean(str(b["format"]), FORMATS)
+        raise ValueError(f"unknown weight format {b['format']!r} (known: {', '.join(sorted(FORMATS))}){near}")
+    if not isinstance(b["bytes"], int) or isinstance(b["bytes"], bool) or b["bytes"] < 0:
+        raise ValueError(f"bad byte size {b['bytes']!r}")
+    start = bshape = None
+    if "start" in b or "shape" in b:
+        start, bshape = _ints(b.get("start"), "start"), _ints(b.get("shape"), "shape")
+        if len(start) != len(shape) or len(bshape) != len(shape):
+            raise ValueError(f"block start {list(start)} and shape {list(bshape)} must have {len(shape)} dimensions")
+        if any(a + n > full for a, n, full in zip(start, bshape, shape)):
+            raise ValueError(f"block at {list(start)} of shape {list(bshape)} reaches outside shape {list(shape)}")
+    return Block(_check_name(b["file"], mpath), b["format"], b["bytes"], (sums[0], b[sums[0]].lower()), start, bshape)
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise ValueError(f"block {what} must be a list of non-negative ints, got {v!r}")
+    return tuple(v)
+
+
+def check_tiling(blocks: tuple[Block, ...], shape: tuple) -> None:
+    """Blocks must cover the parameter exactly, in bands: no gaps, no overlaps.
+
+    O(n log n) in the number of blocks: along the first dimension the blocks form bands (each
+    block lies inside one band), and inside each band they tile the remaining dimensions the
+    same way. Every layout xser, DiSMEC++, Angel and RecIS write is of this kind (row blocks,
+    grids of tiles); a block that straddles another's edge is refused.
+    """
+    if len(blocks) == 1 and blocks[0].start is None:
+        return
+    if any(b.start is None for b in blocks):
+        raise ValueError("when a parameter has several blocks, each needs start and shape")
+    total = int(np.prod(shape, dtype=np.int64))
+    covered = sum(int(np.prod(b.shape, dtype=np.int64)) for b in blocks)
+    if total == 0:
+        return  # an empty parameter: every block is empty and inside it
+    if covered < total:
+        raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")
+    _bands([(b.start, b.shape) for b in blocks], 0, shape, covered, total)
+
+
+def _bands(boxes: list[tuple[tuple, tuple]], dim: int, shape: tuple, covered: int, total: int) -> None:
+    if dim == len(shape):
+        if len(boxes) > 1:
+            raise ValueError(f"blocks at {list(boxes[0][0])} and {list(boxes[1][0])} overlap")
+        return
+    boxes = sorted(boxes, key=lambda b: (b[0][dim], b[1][dim]))
+    lo = boxes[0][0][dim]
+    expected = lo
+    group: list = []
+    first_of_band = None
+
+    def close(band: list) -> None:
+        _bands(band, dim + 1, shape, covered, total)
+
+    for box in boxes:
+        a, n = box[0][dim], box[1][dim]
+        if group and a == group[0][0][dim]:
+            if n != group[0][1][dim]:
+                raise ValueError(f"blocks at {list(group[0][0])} and {list(box[0])} do not tile in bands (one straddles the other's edge)")
+            group.append(box)
+            continue
+        if group:
+            close(group)
+        if a < expected:
+            raise ValueError(f"blocks at {list(first_of_band[0])} and {list(box[0])} overlap")
+        if a > expected:
+            raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")
+        group = [box]
+        first_of_band = box
+        expected = a + n
+    close(group)
+    if expected != shape[dim] or lo != 0:
+        raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")

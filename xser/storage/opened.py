@@ -1,0 +1,358 @@
+"""A published data directory, opened once and read relative to its descriptor.
+
+``OpenedDir.open(path)`` opens the directory (``O_DIRECTORY | O_NOFOLLOW``) and reads its
+manifest through that descriptor; every later read (spec, parameter files, training state)
+goes through the same descriptor, one path component at a time with ``O_NOFOLLOW``. A saver in
+another process may rename the directory (rotation) meanwhile: the reader still reads the
+checkpoint it opened, never a mix. If the checkpoint is *deleted* while it is read (pruned),
+the read raises ``CheckpointVanished`` and the caller starts over from the name.
+
+No symbolic link is ever followed inside a data directory: xser never writes one, and a
+model file is untrusted input.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import CheckpointError, DataError, Location, did_you_mean
+from .checksums import digest_bytes
+from .checksums import verify as check_digest
+from .formats import get_format
+from .layout import OLD_MARK
+from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
+from .pool import pool
+
+__all__ = ["CheckpointVanished", "DirHandle", "OpenedDir", "check_rows", "gather"]
+
+_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
+
+
+class CheckpointVanished(CheckpointError):
+    """The checkpoint being read was deleted (pruned by a saver); start over from its name."""
+
+
+class DirHandle:
+    """A directory held open by a descriptor; files are opened relative to it, no link followed."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        st = os.fstat(fd)
+        self.ino = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def open_dir(cls, path: str | os.PathLike) -> DirHandle:
+        path = os.fspath(path)
+        try:
+            return cls(path, os.open(path, _O_DIR))
+        except OSError as e:
+            raise DataError(f"cannot open directory: {e.strerror or e}", Location(path)) from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", -1)
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def where(self, rel: str) -> str:
+        return os.path.join(self.path, rel)
+
+    def open_file(self, rel: str) -> BinaryIO:
+        """Open a file below the directory through its descriptor, no symbolic link followed."""
+        full = self.where(rel)
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts) or rel.startswith("/"):
+            raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the directory)", Location(full))
+        fd = self.fd
+        opened: list[int] = []
+        try:
+            for part in parts[:-1]:
+                fd = os.open(part, _O_DIR, dir_fd=fd)
+                opened.append(fd)
+            leaf = os.open(parts[-1], _O_FILE, dir_fd=fd)
+        except FileNotFoundError:
+            self._vanished_or(DataError(f"file {rel!r} named in the manifest is missing", Location(full)))
+            raise AssertionError("unreachable") from None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                raise DataError(f"file {rel!r} is a symbolic link or passes through one (never followed)", Location(full)) from None
+            raise DataError(f"cannot open: {e.strerror or e}", Location(full)) from None
+        finally:
+            for d in opened:
+                os.close(d)
+        try:
+            if not _is_regular(leaf):
+                raise DataError(f"file {rel!r} is not a regular file", Location(full))
+            return os.fdopen(leaf, "rb")
+        except BaseException:
+            os.close(leaf)
+            raise
+
+    def removed(self) -> bool:
+        """True if this directory was deleted, or is being deleted, since it was opened."""
+        try:
+            if os.fstat(self.fd).st_nlink == 0:
+                return True
+        except OSError:
+            return True
+        proc = f"/proc/self/fd/{self.fd}"
+        try:
+            now = os.readlink(proc)
+            return now.endswith(" (deleted)") or OLD_MARK in os.path.basename(now)
+        except OSError:
+            pass
+        try:  # no /proc: the directory's name must still lead to it
+            st = os.stat(self.path, follow_symlinks=False)
+            return (st.st_dev, st.st_ino) != self.ino
+        except OSError:
+            return True
+
+    def _vanished_or(self, error: DataError) -> None:
+        if self.removed():
+            raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path))
+        raise error
+
+
+class OpenedDir(DirHandle):
+    """A data directory held open by a descriptor, with its parsed manifest."""
+
+    def __init__(self, path: str, fd: int, manifest: Manifest) -> None:
+        super().__init__(path, fd)
+        self.manifest = manifest
+
+    # -- opening
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> OpenedDir:
+        """Open ``path`` and read its manifest; ``DataError`` if it is not a valid data directory."""
+        path = os.fspath(path)
+        try:
+            fd = os.open(path, _O_DIR)
+        except FileNotFoundError:
+            raise DataError("data directory not found (was the model saved with xser.save?)", Location(path)) from None
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise DataError("not a directory (a data directory is never a symbolic link)", Location(path)) from None
+            raise DataError(f"cannot open data directory: {e.strerror or e}", Location(path)) from None
+        try:
+            raw = _read_small(fd, MANIFEST, os.path.join(path, MANIFEST))
+            if raw is None:
+                raise DataError("manifest.json is missing: not a complete xser data directory", Location(path))
+            return cls(path, fd, parse_manifest(raw, os.path.join(path, MANIFEST)))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # -- what the manifest says
+
+    @property
+    def meta(self) -> dict:
+        return self.manifest.meta
+
+    @property
+    def subcollections(self) -> dict[str, dict[str, ParamEntry]]:
+        return self.manifest.entries
+
+    @property
+    def id(self) -> str | None:
+        return self.manifest.id
+
+    def entry(self, subcol: str, name: str) -> ParamEntry:
+        return self.subcollections[subcol][name]
+
+    def read_bytes(self, block: Block) -> bytes:
+        """A small file (the spec), checked against its block's size and checksum."""
+        with self.open_file(block.file) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != block.bytes:
+                raise DataError(f"file has {size} bytes, manifest says {block.bytes}", Location(self.where(block.file)))
+            data = f.read()
+        check_digest(block.checksum, digest_bytes(data, block.checksum[0]), self.where(block.file))
+        return data
+
+    def spec_text(self) -> str | None:
+        """The checkpoint's own spec (format_version >= 2), or None for older checkpoints."""
+        block = self.manifest.spec
+        if block is None:
+            return None
+        data = self.read_bytes(block)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"spec is not UTF-8 ({e.reason} at byte {e.start})", Location(self.where(block.file))) from None
+
+    # -- arrays
+
+    def read(
+        self, entry: ParamEntry, *, mmap: bool = False, verify: bool = False, rows: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """The parameter's array, or only ``rows`` (first, stop) of it.
+
+        A row range reads only the blocks that overlap it and, inside each, only the bytes of
+        those rows (unless ``verify`` needs the whole file for its checksum). A parameter
+        stored in several blocks is assembled in memory (``mmap`` applies to single files).
+        """
+        if rows is not None:
+            first, stop = check_rows(entry, rows)
+        elif entry.whole:
+            return self._read_block(entry, entry.blocks[0], None, mmap=mmap, verify=verify)
+        else:
+            first, stop = 0, (entry.shape[0] if entry.shape else 1)
+        if not entry.shape:
+            return self._read_block(entry, entry.blocks[0], None, mmap=False, verify=verify)
+        out = np.empty((stop - first,) + entry.shape[1:], entry.dtype)
+        for block in entry.blocks:
+            start, bshape = block.box(entry.shape)
+            lo, hi = max(first, start[0]), min(stop, start[0] + bshape[0])
+            if lo >= hi:
+                continue
+            part = self._read_block(entry, block, (lo - start[0], hi - start[0]), mmap=False, verify=verify)
+            index = (slice(lo - first, hi - first),) + tuple(slice(a, a + n) for a, n in zip(start[1:], bshape[1:]))
+            out[index] = part
+        return out
+
+    def _read_block(self, entry: ParamEntry, block: Block, rows: tuple[int, int] | None, *, mmap: bool, verify: bool) -> np.ndarray:
+        fmt = get_format(block.format)
+        where = self.where(block.file)
+        _, bshape = block.box(entry.shape)
+        checksum = block.checksum if verify else None
+        whole_rows = rows is not None and rows == (0, bshape[0]) if bshape else False
+        with self.open_file(block.file) as f:
+            try:
+                if rows is None or whole_rows:
+                    return fmt.read(f, where, entry.dtype, bshape, block.bytes, mmap=mmap, verify=checksum)
+                return fmt.read_rows(f, where, entry.dtype, bshape, block.bytes, rows, verify=checksum)
+            except OSError as e:
+                raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
+
+    def chunks(self, entry: ParamEntry, elements: int) -> Iterator[np.ndarray]:
+        """The parameter's elements in C order, streamed in flat pieces of at most ``elements``.
+
+        Goes through each block's format (every format has a streaming reader), so tools work
+        on every format a checkpoint may hold. Blocked parameters are read as row bands.
+        """
+        if entry.whole:
+            block = entry.blocks[0]
+            fmt = get_format(block.format)
+            where = self.where(block.file)
+            with self.open_file(block.file) as f:
+                try:
+                    yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements)
+                except OSError as e:
+                    raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
+            return
+        if not entry.shape:
+            yield self.read(entry).reshape(-1)
+            return
+        row = int(np.prod(entry.shape[1:], dtype=np.int64)) or 1
+        step = max(1, elements // row)
+        for first in range(0, entry.shape[0], step):
+            yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)
+
+    def read_many(
+        self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None
+    ) -> dict[tuple[str, str], Future]:
+        """Start reading several parameters at once; returns futures keyed by (subcol, name)."""
+        out: dict[tuple[str, str], Future] = {}
+        rows = rows or {}
+        for e in entries:
+            r = rows.get(f"{e.subcol}/{e.name}")
+            if mmap and not verify and r is None:
+                fut: Future = Future()
+                try:
+                    fut.set_result(self.read(e, mmap=True))
+                except BaseException as err:
+                    fut.set_exception(err)
+                out[(e.subcol, e.name)] = fut
+            else:
+                out[(e.subcol, e.name)] = pool().submit(self.read, e, mmap=mmap, verify=verify, rows=r)
+        return out
+
+    def check_row_keys(self, rows: dict | None) -> dict:
+        """Every key of a ``rows`` mapping must name a parameter ("subcol/param")."""
+        rows = dict(rows or {})
+        known = [f"{s}/{n}" for s, ps in self.subcollections.items() for n in ps]
+        for key in rows:
+            sub, _, name = str(key).partition("/")
+            if name not in self.subcollections.get(sub, {}):
+                raise DataError(f"rows: no parameter {key!r}{did_you_mean(str(key), known)}", Location(self.path))
+        return rows
+
+    def read_all(self, *, mmap: bool = False, verify: bool = False, rows: dict | None = None) -> dict[str, dict[str, np.ndarray]]:
+        rows = self.check_row_keys(rows)
+        futs = self.read_many(
+            (e for s in self.subcollections.values() for e in s.values()), mmap=mmap, verify=verify, rows=rows
+        )
+        return gather(futs, {s: {} for s in self.subcollections})
+
+    def read_state_arrays(self, *, mmap: bool = False) -> dict[str, np.ndarray]:
+        return {k: self.read(e, mmap=mmap) for k, e in self.manifest.state_entries.items()}
+
+
+def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Wait for every future; on the first failure cancel the rest (no read goes on after an error)."""
+    try:
+        for (sub, name), fut in futs.items():
+            into[sub][name] = fut.result()
+    except BaseException:
+        for fut in futs.values():
+            fut.cancel()
+        raise
+    return into
+
+
+def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
+    """Validate a (first, stop) row range against a parameter."""
+    where = Location(path=f"{entry.subcol}/{entry.name}")
+    if not entry.shape:
+        raise DataError("a row range needs a parameter with at least one dimension, this one is a scalar", where)
+    try:
+        first, stop = (int(x) for x in rows)
+    except (TypeError, ValueError):
+        raise DataError(f"rows must be (first, stop), got {rows!r}", where) from None
+    if not 0 <= first < stop <= entry.shape[0]:
+        raise DataError(f"rows ({first}, {stop}) are outside the parameter's {entry.shape[0]} rows", where)
+    return first, stop
+
+
+def _is_regular(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
+    """A small file relative to a directory descriptor (None if missing), size-capped."""
+    try:
+        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise DataError(f"cannot read manifest: {e.strerror or e}", Location(where)) from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_MANIFEST:
+            raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
+        return f.read(MAX_MANIFEST + 1)

@@ -1,0 +1,58 @@
+"""What a save writes, as values: arrays, streams of chunks, published files to link, bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+__all__ = ["FromFile", "FromFiles", "Stream"]
+
+
+@attrs.frozen
+class FromFile:
+    """A published file (a parameter, or one block of it): hard-linked, or copied where links fail.
+
+    ``source`` is an opened directory (anything with ``fd``, ``path`` and ``open_file(rel)``), so
+    the file linked is the one that directory held when it was opened, whatever moved since.
+    """
+
+    source: Any = attrs.field(eq=False, repr=False)
+    rel: str
+    dtype: np.dtype
+    shape: tuple  # the block's shape
+    bytes: int
+    checksum: tuple[str, str]
+    start: tuple | None = None  # where the block sits in the parameter (None: it is the parameter)
+    format: str = "npy"
+
+
+@attrs.frozen
+class FromFiles:
+    """A parameter stored in several published files (blocks)."""
+
+    dtype: np.dtype
+    shape: tuple
+    blocks: tuple  # of FromFile, each with its start
+
+
+@attrs.frozen
+class Stream:
+    """An ``.npy`` array produced chunk by chunk (``chunks()`` yields bytes-like pieces in memory order)."""
+
+    dtype: np.dtype
+    shape: tuple
+    fortran: bool
+    chunks: Any = attrs.field(eq=False)  # () -> Iterable[bytes-like]
+
+
+def from_entry(source: Any, entry: Any) -> FromFile | FromFiles:
+    """A published parameter (``ParamEntry`` of an opened directory) as files to link."""
+    files = tuple(
+        FromFile(source, b.file, entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format)
+        for b in entry.blocks
+    )
+    if len(files) == 1 and files[0].start is None:
+        return files[0]
+    return FromFiles(entry.dtype, entry.shape, files)

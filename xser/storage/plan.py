@@ -1,0 +1,182 @@
+"""The write plan of a data directory: which piece goes to which file in which format.
+
+Pure: no I/O. The planner names files so that several writers never collide (a block file is
+named after its start in every dimension, ``W@4096_0.npy``), picks each piece's format from the
+``formats`` patterns, cuts arrays into blocks from the ``blocks`` patterns, and marks the
+previous checkpoint's file with the same place and shape as a link candidate (the writer links
+it when the bytes turn out equal).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, did_you_mean
+from .formats import FORMATS, get_format
+from .manifest import SPEC_FILE, STATE_DIR
+from .payloads import FromFile, FromFiles, Stream
+
+__all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "plan_save"]
+
+
+@attrs.frozen
+class Piece:
+    """One file of the new data directory and what goes into it."""
+
+    rel: str
+    payload: Any = attrs.field(eq=False)  # np.ndarray | Stream | FromFile | bytes
+    format: str = "npy"
+    options: dict = attrs.field(factory=dict)
+    link: tuple | None = attrs.field(default=None, eq=False)  # (opened previous dir, Block): link if equal
+
+
+@attrs.frozen
+class PlannedParam:
+    sub: str
+    name: str
+    dtype: np.dtype
+    shape: tuple
+    trainable: bool
+    pieces: tuple  # ((piece index, start or None, block shape or None), ...)
+
+
+@attrs.frozen
+class Plan:
+    dirs: tuple[str, ...]  # subdirectories, in order (one per subcollection, then training_state)
+    pieces: tuple[Piece, ...]
+    params: tuple[PlannedParam, ...]
+    subcollections: tuple[str, ...]  # every subcollection, empty ones too, in save order
+    spec: int | None = None  # index of the spec file's piece
+    state_tree: Any = None
+    state: tuple[PlannedParam, ...] | None = None  # training-state arrays (sub = "training_state")
+
+
+def format_for(formats: Mapping[str, Any] | None, key: str) -> tuple[str, dict]:
+    """(format name, write options) the ``formats`` patterns give ``sub/param``; npy by default."""
+    for pattern, spec in (formats or {}).items():
+        if fnmatch.fnmatchcase(key, pattern):
+            name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+            if not isinstance(name, str) or get_format(name) is None:
+                raise DataError(f"unknown weight format {name!r} for {pattern!r} (known: {', '.join(sorted(FORMATS))}){did_you_mean(str(name), FORMATS)}")
+            return name, options
+    return "npy", {}
+
+
+def block_size_for(blocks: Mapping[str, Any] | None, key: str) -> tuple | None:
+    """The block size (rows, or rows and columns, ...) the ``blocks`` patterns give ``sub/param``."""
+    if not blocks:
+        return None
+    for pattern, size in blocks.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            if isinstance(size, list):  # explicit row ranges: [(first, count), ...], contiguous from 0
+                ranges = [tuple(int(x) for x in r) for r in size]
+                if not ranges or any(len(r) != 2 or r[1] < 1 for r in ranges) or any(
+                    b[0] != a[0] + a[1] for a, b in zip(ranges, ranges[1:])
+                ) or ranges[0][0] != 0:
+                    raise DataError(f"row ranges for {pattern!r} must be contiguous (first, count) pairs from row 0, got {size!r}")
+                return tuple(ranges)
+            size = (size,) if isinstance(size, int) else tuple(size)
+            if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in size):
+                raise DataError(f"block size for {pattern!r} must be an int >= 1 or a tuple of them, got {size!r}")
+            return size
+    return None
+
+
+def block_name(base: str, start: tuple, suffix: str) -> str:
+    """``sub/W@4096_0.npy``: a block is named after its start, so writers never collide."""
+    return f"{base}@{'_'.join(str(int(a)) for a in start)}{suffix}"
+
+
+def _cut(base: str, item: Any, block: tuple | None, suffix: str) -> list[tuple[str, tuple | None, tuple | None, Any]]:
+    """(relative file, start, block shape, payload) for each file a parameter is stored in."""
+    if isinstance(item, FromFiles):
+        return [(block_name(base, f.start, FORMATS[f.format].suffix), f.start, f.shape, f) for f in item.blocks]
+    if isinstance(item, FromFile):
+        return [(f"{base}{FORMATS[item.format].suffix}", None, None, item)]
+    if not isinstance(item, np.ndarray) or block is None or item.ndim == 0:
+        return [(f"{base}{suffix}", None, None, item)]
+    if block and isinstance(block[0], tuple):  # explicit row ranges [(first, count), ...]
+        out = []
+        for first, count in block:
+            start = (first,) + (0,) * (item.ndim - 1)
+            out.append((block_name(base, start, suffix), start, (count,) + item.shape[1:], item[first : first + count]))
+        return out
+    steps = tuple(block) + tuple(item.shape[len(block):])
+    ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(item.shape, steps)]
+    out = []
+    for start in itertools.product(*ranges):
+        shape = tuple(min(step, n - a) for a, step, n in zip(start, steps, item.shape))
+        view = item[tuple(slice(a, a + n) for a, n in zip(start, shape))]
+        out.append((block_name(base, tuple(start), suffix), tuple(start), shape, view))
+    return out
+
+
+def _link_candidate(previous: Any, sub: str, name: str, payload: Any, fmt: str, start: tuple | None, shape: tuple | None) -> tuple | None:
+    """The previous checkpoint's block with the same place, shape and format, if any."""
+    if previous is None or not isinstance(payload, np.ndarray) or not hasattr(FORMATS[fmt], "digest"):
+        return None
+    entry = previous.subcollections.get(sub, {}).get(name)
+    if entry is None or entry.dtype != payload.dtype:
+        return None
+    for b in entry.blocks:
+        if b.format == fmt and b.start == start and b.box(entry.shape)[1] == (shape if shape is not None else payload.shape):
+            return previous, b
+    return None
+
+
+def _dtype_shape(item: Any) -> tuple[np.dtype, tuple]:
+    if isinstance(item, (FromFile, FromFiles, Stream)):
+        return np.dtype(item.dtype), tuple(item.shape)
+    return item.dtype, tuple(item.shape)
+
+
+def plan_save(
+    arrays: Mapping[str, Mapping[str, tuple[Any, bool]]],
+    *,
+    spec_text: str | None = None,
+    state_tree: Any = None,
+    state_arrays: Mapping[str, Any] | None = None,
+    formats: Mapping[str, Any] | None = None,
+    blocks: Mapping[str, Any] | None = None,
+    previous: Any = None,
+) -> Plan:
+    """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable)}}``)."""
+    pieces: list[Piece] = []
+    params: list[PlannedParam] = []
+    dirs: list[str] = []
+
+    def add(sub: str, name: str, item: Any, trainable: bool, fmt: str, options: dict, block: tuple | None, prev: Any) -> PlannedParam:
+        refs = []
+        for rel, start, shape, payload in _cut(f"{sub}/{name}", item, block, FORMATS[fmt].suffix):
+            pfmt = payload.format if isinstance(payload, FromFile) else ("npy" if isinstance(payload, Stream) else fmt)
+            link = _link_candidate(prev, sub, name, payload, pfmt, start, shape)
+            refs.append((len(pieces), start, shape))
+            pieces.append(Piece(rel, payload, pfmt, options if pfmt == fmt else {}, link))
+        dtype, shape = _dtype_shape(item)
+        return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
+
+    for sub, items in arrays.items():
+        dirs.append(sub)
+        for name, (item, trainable) in items.items():
+            key = f"{sub}/{name}"
+            fmt, options = format_for(formats, key)
+            if not isinstance(item, np.ndarray):
+                fmt, options = "npy", {}
+            params.append(add(sub, name, item, trainable, fmt, options, block_size_for(blocks, key), previous))
+    spec = None
+    if spec_text is not None:
+        spec = len(pieces)
+        pieces.append(Piece(SPEC_FILE, spec_text.encode("utf-8"), "spec"))
+    state = None
+    if state_arrays is not None:
+        dirs.append(STATE_DIR)
+        state = tuple(add(STATE_DIR, key, value, False, "npy", {}, None, None) for key, value in state_arrays.items())
+    return Plan(tuple(dirs), tuple(pieces), tuple(params), tuple(arrays), spec, state_tree, state)
+
+

@@ -1,0 +1,139 @@
+"""The write step: every piece of a plan into the staging directory, on N threads.
+
+One writer per payload kind, in the table ``WRITERS``. Each returns a ``WriteResult`` (size,
+checksum, written or linked). Writers only create new files inside the staging directory;
+published files are never modified (unchanged ones are hard-linked, which is why sharing them
+between checkpoints is safe). With ``durable`` each file is fsynced by its writer, so fsyncs
+run in parallel too.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, Location
+from .checksums import DEFAULT_CHECKSUM, digest_bytes
+from .formats import FORMATS
+from .formats.npy import NPY, header_for
+from .fsutil import fsync_file, os_error
+from .payloads import FromFile, Stream
+from .plan import Piece, Plan
+from .pool import run_all
+
+__all__ = ["WRITERS", "WriteResult", "link_or_copy", "write"]
+
+
+@attrs.frozen
+class WriteResult:
+    rel: str
+    bytes: int
+    checksum: tuple[str, str]
+    linked: bool
+
+
+def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
+    arr = piece.payload
+    fmt = FORMATS[piece.format]
+    known = None
+    if piece.link is not None:
+        source, block = piece.link
+        known = fmt.digest(arr)
+        if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0]:
+            if _link(source, block.file, path):
+                return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True)
+    size, digest = fmt.write(path, arr, known if piece.format == "npy" else None, **piece.options)
+    if durable:
+        fsync_file(path)
+    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
+
+
+def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:
+    s: Stream = piece.payload
+    size, digest = NPY.write_stream(path, header_for(s.dtype, s.shape, s.fortran), s.chunks())
+    if durable:
+        fsync_file(path)
+    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
+
+
+def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
+    f: FromFile = piece.payload
+    linked = link_or_copy(f.source, f.rel, path)
+    if durable and not linked:
+        fsync_file(path)
+    return WriteResult(piece.rel, f.bytes, f.checksum, linked)
+
+
+def _write_bytes(path: str, piece: Piece, durable: bool) -> WriteResult:
+    data: bytes = piece.payload
+    with open(path, "xb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest_bytes(data)), False)
+
+
+#: payload type -> writer(path, piece, durable) -> WriteResult
+WRITERS: dict[type, Callable[[str, Piece, bool], WriteResult]] = {
+    np.ndarray: _write_array,
+    np.memmap: _write_array,
+    Stream: _write_stream,
+    FromFile: _link_file,
+    bytes: _write_bytes,
+}
+
+
+def _link(source: Any, rel: str, dst: str) -> bool:
+    """Hard-link ``rel`` of an opened directory to ``dst`` (no symbolic link followed); False if impossible."""
+    head, _, leaf = rel.rpartition("/")
+    dir_fd = source.fd
+    opened = None
+    try:
+        if head:
+            opened = dir_fd = os.open(head, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0), dir_fd=source.fd)
+        os.link(leaf, dst, src_dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        if opened is not None:
+            os.close(opened)
+
+
+def link_or_copy(source: Any, rel: str, dst: str) -> bool:
+    """Hard-link a published file; copy it where links are impossible. True if linked."""
+    if _link(source, rel, dst):
+        return True
+    with source.open_file(rel) as src, open(dst, "xb") as out:
+        shutil.copyfileobj(src, out, 8 << 20)
+    return False
+
+
+def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[WriteResult]:
+    """Write every piece of ``plan`` into the (existing, empty) directory ``staging``."""
+    for d in plan.dirs:
+        try:
+            os.mkdir(os.path.join(staging, d))
+        except OSError as e:
+            raise os_error(e, "cannot write data directory", staging) from None
+
+    def one(piece: Piece) -> WriteResult:
+        path = os.path.join(staging, piece.rel)
+        writer = WRITERS.get(type(piece.payload))
+        if writer is None:
+            raise DataError(f"cannot save a {type(piece.payload).__name__} (numpy arrays only)", Location(path))
+        try:
+            return writer(path, piece, durable)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise DataError("cannot write data directory: no space left on the device", Location(path)) from None
+            raise os_error(e, "cannot write data directory", path) from None
+
+    return run_all(one, list(plan.pieces), threads)

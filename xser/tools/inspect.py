@@ -1,0 +1,206 @@
+"""A view of any saved model without importing its component classes.
+
+It reads a checkpoint's spec text (every tag kept as written) and its data directory, says
+where the spec came from and whether the top-level file is in step, and (``verify``) checks
+every checkpoint: checksums, and that its spec and its data belong together.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..api import retrying
+from ..errors import DataError, Location
+from ..spec import Tagged, children, format_path
+from ..spec.saved import SavedModel, open_saved, top_level_state
+from ..storage.listing import Checkpoint, scan
+
+__all__ = ["ModelView", "open_model", "verify_model"]
+
+_TOP = {
+    "in step": "the top-level spec file equals this checkpoint's spec",
+    "out of step": "the top-level spec file differs from this checkpoint's spec (edited, or a save was interrupted); "
+    "the checkpoint's own spec is used, and the next save rewrites the file",
+    "missing": "there is no top-level spec file (a save was interrupted); the checkpoint's own spec is used",
+    "no copy": "this checkpoint (format_version 1) has no spec of its own; the top-level file is its spec",
+    "unreadable": "the top-level spec file cannot be read; the checkpoint's own spec is used",
+}
+
+
+def spec_names(tree: Any) -> list[str]:
+    """Subcollection names written in a spec tree (``xser_subcol_name``), in order, without repeats."""
+    seen: dict[str, None] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Tagged) and node.tag != "!Ref" and isinstance(node.args.get("xser_subcol_name"), str):
+            seen.setdefault(node.args["xser_subcol_name"])
+        stack.extend(v for _, v in reversed(list(children(node))))
+    return list(seen)
+
+
+class ModelView:
+    def __init__(self, path: str, saved: SavedModel, ckpts: list[Checkpoint], others: list[str]) -> None:
+        self.path = path
+        self.tree = saved.doc.tree
+        self.data = saved.data
+        self.spec_file = saved.spec_file
+        self.top = top_level_state(path, saved.data)
+        self.checkpoints = ckpts
+        self.others = others  # notes on slots that are not this model's checkpoints
+        self.components: list[tuple[str, Tagged]] = []
+        exp = self.tree.get("experiment") if isinstance(self.tree, dict) else None
+        self._walk(exp, ())
+
+    def _walk(self, node: Any, path: tuple) -> None:
+        if isinstance(node, Tagged):
+            self.components.append((format_path(path), node))
+            if node.tag == "!Ref":
+                return
+        for k, v in children(node):
+            self._walk(v, path + (k,))
+
+    @property
+    def spec_subcols(self) -> dict[str, str]:
+        return {
+            t.args["xser_subcol_name"]: p
+            for p, t in self.components
+            if t.tag != "!Ref" and isinstance(t.args.get("xser_subcol_name"), str)
+        }
+
+    def lines(self) -> list[str]:
+        meta = self.data.meta
+        name = self.tree.get("name") if isinstance(self.tree, dict) else None
+        out = [
+            f"model {self.path}",
+            f"  experiment: {name}",
+            f"  saved: {meta.get('created')} by xser {meta.get('xser_version')} (format {meta.get('format_version')})",
+            f"  checkpoint: {os.path.basename(self.data.path)}" + (f" (id {meta['id']})" if meta.get("id") else ""),
+            f"  spec: {self.spec_file}",
+            f"  top-level spec: {self.top}: {_TOP.get(self.top, '')}",
+        ]
+        for key in ("training", "custom"):
+            if meta.get(key):
+                text = str(meta[key])
+                if len(text) > 300:  # e.g. an imported model's original spec text
+                    text = text[:300] + f"... ({len(text)} characters in the manifest)"
+                out.append(f"  {key}: {text}")
+        out.append("")
+        out.append("components:")
+        for path, t in self.components:
+            depth = path.count(".") + 1 if path else 0
+            pad = "  " * (depth + 1)
+            if t.tag == "!Ref":
+                target = t.args.get("name") or t.args.get("path")
+                out.append(f"{pad}{path or '(root)'} -> {target}")
+                continue
+            extra = []
+            if "xser_subcol_name" in t.args:
+                extra.append(f"[{t.args['xser_subcol_name']}]")
+            if "xser_id" in t.args:
+                extra.append(f"(xser_id: {t.args['xser_id']})")
+            out.append(f"{pad}{path or '(root)'}: {t.tag} {' '.join(extra)}".rstrip())
+        subs = self.data.subcollections
+        n_params = sum(len(p) for p in subs.values())
+        n_bytes = sum(b.bytes for p in subs.values() for e in p.values() for b in e.blocks)
+        out.append("")
+        out.append(f"subcollections: {len(subs)}, {n_params} params, {n_bytes:,} bytes on disk")
+        owners = self.spec_subcols
+        for sub, params in subs.items():
+            where = owners.get(sub)
+            out.append(f"  {sub}  ({'not used by the spec' if where is None else 'at ' + (where or 'the root')})")
+            width = max((len(n) for n in params), default=0)
+            for pname, e in params.items():
+                shape = repr(tuple(e.shape))
+                flag = "" if e.trainable else "  (not trainable)"
+                if len(e.blocks) > 1:
+                    flag += f"  ({len(e.blocks)} blocks)"
+                size = sum(b.bytes for b in e.blocks)
+                out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {size:>12,} B{flag}")
+        if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
+            out.append("")
+            out.extend(checkpoint_table(self.checkpoints))
+        if self.others:
+            out.append("")
+            out.extend(self.others)
+        missing = sorted(set(owners) - set(subs))
+        if missing:
+            out.append("")
+            out.append(f"warning: named in the spec but missing on disk: {', '.join(missing)}")
+        return out
+
+
+def checkpoint_table(ckpts: list[Checkpoint]) -> list[str]:
+    """The checkpoints as an aligned text table, newest first."""
+    names = sorted({m for c in ckpts for m in c.metrics})
+    head = ["#", "directory", "step", "created"] + names + ["training state"]
+    rows = [
+        [str(c.index), os.path.basename(c.path), "-" if c.step is None else str(c.step), c.created]
+        + [_fmt(c.metrics.get(m)) for m in names]
+        + ["yes" if c.has_training_state else "-"]
+        for c in ckpts
+    ]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [f"checkpoints: {len(ckpts)}", line(head)] + [line(r) for r in rows]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _others(s: Any) -> list[str]:
+    out = [f"not listed: {d.path} is a checkpoint of another model (an interrupted replacement; the next save removes it)" for d in s.foreign]
+    out += [f"not listed: {p} is not a checkpoint ({why}); the next save sets it aside" for p, why in s.damaged]
+    return out
+
+
+def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
+    """The class-free view of checkpoint ``checkpoint`` of a saved model (the caller closes ``view.data``)."""
+    path = os.fspath(path)
+
+    def once() -> ModelView:
+        with scan(path) as s:
+            ckpts, others = s.checkpoints, _others(s)
+        saved = open_saved(path, checkpoint)
+        return ModelView(path, saved, ckpts, others)
+
+    return retrying(path, once)
+
+
+def belong_together(saved: SavedModel) -> None:
+    """The spec names exactly the subcollections the data holds; a ``DataError`` says which differ."""
+    named = set(spec_names(saved.experiment))
+    held = set(saved.data.subcollections)
+    missing, unused = sorted(named - held), sorted(held - named)
+    if missing or unused:
+        parts = []
+        if missing:
+            parts.append(f"the spec names {', '.join(missing)}, which the data lacks")
+        if unused:
+            parts.append(f"the data holds {', '.join(unused)}, which the spec does not name")
+        raise DataError(f"spec and data do not belong together: {'; '.join(parts)}", Location(saved.data.path))
+
+
+def verify_model(path: str | os.PathLike) -> list[str]:
+    """Check every checkpoint (checksums of every file, its spec against its data); one line per checkpoint."""
+    path = os.fspath(path)
+    with scan(path) as s:
+        ckpts = s.checkpoints
+    lines = []
+    for c in ckpts:
+        def once(k: int = c.index) -> str:
+            with open_saved(path, k) as saved:
+                saved.data.read_all(verify=True)
+                state = saved.data.read_state_arrays()
+                belong_together(saved)
+                n = sum(len(b.blocks) for p in saved.data.subcollections.values() for b in p.values())
+                n += sum(len(e.blocks) for e in saved.data.manifest.state_entries.values()) + (saved.data.manifest.spec is not None)
+                del state
+                return f"checkpoint {k} ({os.path.basename(saved.data.path)}): {n} files match their checksums; spec and data belong together"
+
+        lines.append(retrying(path, once))
+    return lines
