@@ -115,7 +115,7 @@ class TestSelection:
         (dict(checkpoints=[7]), "no checkpoint 7: the model has 3 (0 to 2)"),
         (dict(checkpoints=[1, 1]), "checkpoint 1 is selected twice"),
         (dict(last=0), "last must be >= 1, got 0"),
-        (dict(best=2, metric="blue"), "no checkpoint records metric 'blue' (recorded: bleu); did you mean 'bleu'?"),
+        (dict(best=2, metric="blue"), "no checkpoint records metric 'blue' as a number (recorded: bleu); did you mean 'bleu'?"),
         (dict(best=2), "best needs a metric"),
         (dict(last=1, best=1, metric="bleu"), "choose one of last, checkpoints and best"),
     ]

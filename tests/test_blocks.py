@@ -47,16 +47,16 @@ class TestBlocks:
         assert bit_equal(part, arr[rows[0] : rows[1]])
 
     def test_files_and_manifest(self, tmp_path):
-        """Row blocks are files <param>@<k>.npy with start and shape in the manifest; each is plain .npy."""
+        """Row blocks are files <param>@<start>.npy (named by their start) with start and shape in the manifest; each is plain .npy."""
         lin = Linear(4, 10)
         path = str(tmp_path / "m.yaml")
         xser.save(lin, path, blocks={"*/W": 4})
         sub = xser.params(lin).name
         entry = json.loads(Path(path + ".data/manifest.json").read_text())["subcollections"][sub]["W"]
         assert [(b["file"], b["start"], b["shape"]) for b in entry["blocks"]] == [
-            (f"{sub}/W@0.npy", [0, 0], [4, 4]), (f"{sub}/W@1.npy", [4, 0], [4, 4]), (f"{sub}/W@2.npy", [8, 0], [2, 4])
+            (f"{sub}/W@0_0.npy", [0, 0], [4, 4]), (f"{sub}/W@4_0.npy", [4, 0], [4, 4]), (f"{sub}/W@8_0.npy", [8, 0], [2, 4])
         ]
-        assert np.array_equal(np.load(Path(path + ".data", sub, "W@2.npy")), lin.W[8:])
+        assert np.array_equal(np.load(Path(path + ".data", sub, "W@8_0.npy")), lin.W[8:])
         assert "blocks" in Path(path + ".data/manifest.json").read_text()
 
     def test_unchanged_blocks_are_linked(self, tmp_path):
@@ -67,7 +67,7 @@ class TestBlocks:
             saver.save(lin, step=1)
             lin.W[0, 0] += 1.0
             report = saver.save(lin, step=2)
-        assert (report.written, report.linked) == (1, 3)  # W@0 written; W@1, W@2 and b linked
+        assert (report.written, report.linked) == (1, 3)  # W@0_0 written; W@4_0, W@8_0 and b linked
 
     def test_load_rows(self, tmp_path):
         """xser.load(rows=...) gives the component only those rows of that parameter."""

@@ -110,18 +110,19 @@ class TestRotation:
         assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data", "m.yaml.data.1"]
 
     def test_non_checkpoint_in_the_way(self, tmp_path):
-        """A directory without a manifest is never deleted; if it blocks rotation, the error says so."""
+        """A slot without a valid manifest is never deleted: the next save sets it aside, whole, and reports it."""
         path = str(tmp_path / "m.yaml")
         os.makedirs(path + ".data.1")
         (Path(path + ".data.1") / "notes.txt").write_text("mine")
         lin = model(1)
         with xser.CheckpointSaver(path, keep=3) as saver:
-            saver.save(lin, step=1)
+            first = saver.save(lin, step=1)
             lin.W[...] = 2
-            with pytest.raises(xser.CheckpointError, match=r"m.yaml.data.1 is in the way of checkpoint rotation and is not a checkpoint"):
-                saver.save(lin, step=2)
-        assert (Path(path + ".data.1") / "notes.txt").read_text() == "mine"
-        assert steps_on_disk(path) == [1]
+            second = saver.save(lin, step=2)
+        (aside,) = first.set_aside
+        assert os.path.basename(aside).startswith("m.yaml.data.damaged-1-") and second.set_aside == ()
+        assert (Path(aside) / "notes.txt").read_text() == "mine"
+        assert steps_on_disk(path) == [2, 1]
 
     def test_gap_is_closed_by_next_save(self, tmp_path):
         """After an interrupted rotation (a gap), listing keeps the order and the next save renumbers."""

@@ -34,10 +34,10 @@ class TestInspect:
         assert "subcollections: 2, 4 params, 568 bytes on disk" in out
 
     def test_verify(self, saved, capsys):
-        """--verify checks every checksum."""
+        """--verify checks every checksum, and that spec and data belong together."""
         _, path = saved
         assert main(["inspect", path, "--verify"]) == 0
-        assert "verified: 4 files match their checksums" in capsys.readouterr().out
+        assert "verified checkpoint 0 (m.yaml.data): 5 files match their checksums; spec and data belong together" in capsys.readouterr().out
 
     def test_verify_finds_corruption(self, saved, capsys):
         """A flipped byte makes --verify exit 1 with error: ..."""

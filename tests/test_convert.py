@@ -10,6 +10,7 @@ import pytest
 
 import xser
 from components import Linear, Model, Norm
+from helpers import edit_spec
 from xser.tools.convert import convert, convert_all, numbered
 
 
@@ -51,7 +52,7 @@ class TestConvert:
         """Where hard links are impossible the files are copied, transparently."""
         path, _ = run
 
-        def no_links(src, dst):
+        def no_links(src, dst, **kw):
             raise OSError(18, "Invalid cross-device link")
 
         monkeypatch.setattr(os, "link", no_links)
@@ -112,8 +113,8 @@ def test_tools_keep_unknown_tags(tmp_path, run):
     from xser.tools.ensemble import ensemble
 
     path, _ = run
-    text = Path(path).read_text().replace("!TModel", "!SomebodyElsesModel")
-    Path(path).write_text(text)
+    edit_spec(path, lambda t: t.replace("!TModel", "!SomebodyElsesModel"))
+    text = Path(path).read_text()
     convert(path, tmp_path / "c.yaml")
     assert "!SomebodyElsesModel" in Path(tmp_path / "c.yaml").read_text()
     ensemble([path, tmp_path / "c.yaml"], tmp_path / "e.yaml")

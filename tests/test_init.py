@@ -7,7 +7,7 @@ def test_public_names():
     """dir(xser) is exactly the documented API (plus module attributes)."""
     public = {n for n in dir(xser) if not n.startswith("_")}
     assert public - set(xser.__all__) <= {
-        "api", "average", "build", "checkpointing", "commit", "convert", "ensemble", "errors", "formats", "interop", "params", "partial", "registry", "spec", "store", "serialize", "refs", "typecheck", "formats", "inspect", "cli", "demo",
+        "api", "checkpoints", "errors", "interop", "model", "spec", "storage", "tools", "cli", "demo",
     }
     assert sorted(xser.__all__) == [
         "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "KeepBest",

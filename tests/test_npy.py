@@ -1,4 +1,4 @@
-"""The npy weight format (xser/formats/npy.py)."""
+"""The npy weight format (xser/storage/formats/npy.py)."""
 
 import numpy as np
 import pytest
@@ -17,8 +17,14 @@ class TestNpy:
         p = str(tmp_path_factory.mktemp("n") / "a.npy")
         size, digest = NPY.write(p, a)
         for mmap in (False, True):
-            back = NPY.read(p, a.dtype, a.shape, size, mmap=mmap, verify=("xxh3_64", digest))
+            with open(p, "rb") as f:
+                back = NPY.read(f, p, a.dtype, a.shape, size, mmap=mmap, verify=("xxh3_64", digest))
             assert bit_equal(back, a)
+        with open(p, "rb") as f:  # the streaming reader gives the same elements in C order
+            pieces = [c.copy() for c in NPY.chunks(f, p, a.dtype, a.shape, size, 3)]
+        assert all(c.dtype == a.dtype and 0 < c.size <= 3 for c in pieces)
+        flat = np.concatenate(pieces).astype(a.dtype) if pieces else np.empty(0, a.dtype)
+        assert bit_equal(flat, a.reshape(-1))
         assert bit_equal(np.load(p, allow_pickle=False), a)
 
     def test_dtype_descr_round_trip(self):
@@ -38,10 +44,12 @@ class TestNpy:
         p = tmp_path / "o.npy"
         np.save(p, np.array([1, "a"], dtype=object), allow_pickle=True)
         with pytest.raises(xser.DataError, match="object arrays need pickle"):
-            NPY.read(str(p), np.dtype("f4"), (2,), p.stat().st_size, mmap=False, verify=None)
+            with open(p, "rb") as f:
+                NPY.read(f, str(p), np.dtype("f4"), (2,), p.stat().st_size, mmap=False, verify=None)
 
     def test_non_contiguous_written_contiguously(self, tmp_path):
         """A strided view is written as its values."""
         a = np.arange(20, dtype=np.int16).reshape(4, 5)[:, ::2]
         size, _ = NPY.write(str(tmp_path / "v.npy"), a)
-        assert np.array_equal(NPY.read(str(tmp_path / "v.npy"), a.dtype, a.shape, size, mmap=False, verify=None), a)
+        with open(tmp_path / "v.npy", "rb") as f:
+            assert np.array_equal(NPY.read(f, str(tmp_path / "v.npy"), a.dtype, a.shape, size, mmap=False, verify=None), a)

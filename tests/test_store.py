@@ -263,7 +263,7 @@ class TestAtomicWrite:
 
     def test_empty_subcollection_has_entry(self, tmp_path):
         """A subcollection without parameters still has its (empty) entry."""
-        plan = plan_save({"Empty.0000000a": {}})
+        plan = plan_save({"Empty.0000000a": {}}, spec_text="xser_format: 1\nname: null\nexperiment: {}\n")
         with stage(str(tmp_path / "d"), durable=False) as staging:
             finish(staging, plan, write(staging.path, plan, durable=False), {}, id="a" * 32, model="b" * 32)
         os.rename(staging.path, tmp_path / "d")

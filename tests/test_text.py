@@ -108,6 +108,11 @@ class TestFormatsInModels:
             xser.save(leaf_of({"i": np.arange(3)}), tmp_path / "m.yaml", formats={"*": "dense-text"})
 
 
+def read_file(fmt, p, *args, **kw):
+    with open(p, "rb") as f:
+        return fmt.read(f, str(p), *args, **kw)
+
+
 class TestBadText:
     @pytest.mark.parametrize("fmt, content, shape, message", [
         (DENSE_TEXT, b"1 2 3\n4 5\n", (2, 3), ":2: 2 values on the line, 3 expected"),
@@ -122,7 +127,7 @@ class TestBadText:
         p = tmp_path / "x.txt"
         p.write_bytes(content)
         with pytest.raises(xser.DataError) as info:
-            fmt.read(str(p), np.dtype("f4"), shape, len(content), mmap=False, verify=None)
+            read_file(fmt, p, np.dtype("f4"), shape, len(content), mmap=False, verify=None)
         assert str(info.value) == f"{p}{message}"
 
 
@@ -192,7 +197,7 @@ class TestOptionsAndPlugins:
         import importlib.metadata as md
         import types
 
-        from xser import formats as fm
+        from xser.storage import formats as fm
 
         def writer(path, array):
             with open(path, "wb") as f:

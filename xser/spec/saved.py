@@ -91,6 +91,8 @@ def open_saved(path: str | os.PathLike, checkpoint: int = 0) -> SavedModel:
     try:
         data = open_checkpoint(path, checkpoint)
     except DataError:
+        if not os.path.lexists(path):
+            read(path)  # no model and no spec file: the spec file's own error (file not found)
         if os.path.isfile(path) and not is_saved(read(path)):
             raise _not_saved(path) from None
         raise

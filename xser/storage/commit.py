@@ -113,8 +113,9 @@ def finish(
     for p in plan.params:
         subs[p.sub][p.name] = entry(p)
     manifest["subcollections"] = subs
-    staging.written = sum(not r.linked for r in results)
-    staging.linked = sum(r.linked for r in results)
+    arrays = [r for i, r in enumerate(results) if i != plan.spec]  # parameter and training-state files
+    staging.written = sum(not r.linked for r in arrays)
+    staging.linked = sum(r.linked for r in arrays)
     path = os.path.join(staging.path, MANIFEST)
     try:
         with open(path, "x", encoding="utf-8") as f:

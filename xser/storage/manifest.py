@@ -199,7 +199,7 @@ def check_manifest(m: Any, mpath: str) -> Manifest:
     if not isinstance(subs, dict):
         raise _bad("\"subcollections\" must be a mapping", mpath)
     for key in ("training", "custom", "metrics"):
-        if not isinstance(m.get(key) or {}, dict):
+        if m.get(key) is not None and not isinstance(m[key], dict):
             raise _bad(f"{key!r} must be a mapping", mpath)
     for key in ("id", "model"):
         value = m.get(key)

@@ -172,7 +172,8 @@ def plan_save(
     spec = None
     if spec_text is not None:
         spec = len(pieces)
-        pieces.append(Piece(SPEC_FILE, spec_text.encode("utf-8"), "spec"))
+        link = (previous, previous.manifest.spec) if previous is not None and previous.manifest.spec is not None else None
+        pieces.append(Piece(SPEC_FILE, spec_text.encode("utf-8"), "spec", link=link))
     state = None
     if state_arrays is not None:
         dirs.append(STATE_DIR)

@@ -9,7 +9,6 @@ run in parallel too.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from collections.abc import Callable
@@ -72,12 +71,17 @@ def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
 
 def _write_bytes(path: str, piece: Piece, durable: bool) -> WriteResult:
     data: bytes = piece.payload
+    digest = digest_bytes(data)
+    if piece.link is not None:
+        source, block = piece.link
+        if block.checksum == (DEFAULT_CHECKSUM, digest) and block.bytes == len(data) and _link(source, block.file, path):
+            return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest), True)
     with open(path, "xb") as f:
         f.write(data)
         if durable:
             f.flush()
             os.fsync(f.fileno())
-    return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest_bytes(data)), False)
+    return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest), False)
 
 
 #: payload type -> writer(path, piece, durable) -> WriteResult
@@ -132,8 +136,6 @@ def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[
         try:
             return writer(path, piece, durable)
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DataError("cannot write data directory: no space left on the device", Location(path)) from None
             raise os_error(e, "cannot write data directory", path) from None
 
     return run_all(one, list(plan.pieces), threads)

@@ -215,7 +215,9 @@ class NpyFormat:
             mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
             step = max(1, n // max(1, int(np.prod(shape[1:], dtype=np.int64))))
             for first in range(0, shape[0], step):
-                yield np.ascontiguousarray(mapped[first : first + step]).reshape(-1)
+                band = np.ascontiguousarray(mapped[first : first + step]).reshape(-1)
+                for start in range(0, band.size, n):
+                    yield band[start : start + n]
             return
         raw = np.empty(n * dtype.itemsize, np.uint8)
         f.seek(offset)
