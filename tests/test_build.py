@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import xser
-from components import Counter, Linear, Model, Node, Vocab
+from components import Counter, Node
 from xser.model.serialize import to_tree
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import __version__
+from ._version import __version__
 from .errors import XserError
 
 __all__ = ["main"]

@@ -9,26 +9,24 @@ from __future__ import annotations
 
 import copy
 import os
-import re
-from concurrent.futures import wait
 from typing import Any
 
 import attrs
 import numpy as np
 
 from . import typecheck
-from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
+from ..errors import Location, SpecError, XserError, did_you_mean
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
 from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from .registry import lookup
 from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
 from ..spec.saved import open_saved
 from ..storage.opened import OpenedDir
+from .placeholders import substitute
+from .sources import Store, _Origin, _Source
 
 __all__ = ["Experiment", "ExperimentSpec", "Store", "build", "build_spec", "experiment_name"]
 
-_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}|\{(\w+)\}")
-_UPPER = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
 @attrs.frozen
@@ -41,130 +39,6 @@ class ExperimentSpec:
     file: str | None = None
     #: the opened data directory of a saved model (its parameters are loaded, not initialised)
     data: OpenedDir | None = attrs.field(default=None, eq=False, repr=False)
-
-
-class Store:
-    """A data directory being read by one build: prefetching, and what was used."""
-
-    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None) -> None:
-        self.dir = datadir
-        self.mmap = mmap
-        self.verify = verify
-        self.rows = datadir.check_row_keys(rows)
-        self.futures: dict[tuple[str, str], Any] = {}
-        self.used: dict[str, set[str]] = {}
-
-    def prefetch(self, names: set[str]) -> None:
-        entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
-        entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
-        self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
-
-    def claim(self, stored: str, where: Location | None) -> None:
-        if stored not in self.dir.subcollections:
-            near = did_you_mean(stored, self.dir.subcollections)
-            here = Location(os.path.join(self.dir.path, stored))
-            raise DataError(f"subcollection is missing from the data directory{near}" + _at(where), here)
-        self.used.setdefault(stored, set())
-
-    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
-        self.claim(stored, where)
-        sub = self.dir.subcollections[stored]
-        here = Location(os.path.join(self.dir.path, stored))
-        entry = sub.get(name)
-        if entry is None:
-            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
-        partial = self.rows.get(f"{stored}/{name}")
-        if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
-            shape = entry.shape  # a row range of a declared shape: checked by the read
-        elif entry.shape != shape:
-            raise DataError(f"param {name!r}: shape {shape_str(shape)} in spec, {shape_str(entry.shape)} on disk", here)
-        if entry.dtype != dtype:
-            raise DataError(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here)
-        self.used.setdefault(stored, set()).add(name)
-        fut = self.futures.pop((stored, name), None)
-        if fut is None:
-            return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
-        return fut.result()
-
-    def cancel(self) -> None:
-        """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
-        running = [f for f in self.futures.values() if not f.cancel()]
-        self.futures.clear()
-        wait(running)
-
-    def check_all_used(self) -> None:
-        unused = sorted(set(self.dir.subcollections) - set(self.used))
-        if unused:
-            raise DataError(
-                f"subcollections on disk are not used by the spec: {', '.join(unused)} (load with strict=False to ignore)",
-                Location(self.dir.path),
-            )
-        for sub, names in self.used.items():
-            extra = sorted(set(self.dir.subcollections[sub]) - names)
-            if extra:
-                raise DataError(
-                    f"params on disk are not declared by the component: {', '.join(extra)} (load with strict=False to ignore)",
-                    Location(os.path.join(self.dir.path, sub)),
-                )
-
-
-def _at(where: Location | None) -> str:
-    return f" (needed by the component at {where})" if where is not None else ""
-
-
-@attrs.frozen
-class _Origin:
-    store: Store
-    stored_name: str | None
-
-
-class _Source:
-    """What ``xser.params`` reads a loaded component's arrays from."""
-
-    def __init__(self, origin: _Origin, where: Location | None) -> None:
-        self.origin = origin
-        self.where = where
-
-    def claim(self) -> None:
-        if self.origin.stored_name is None:
-            raise DataError(
-                "component registers parameters, but its saved spec has no xser_subcol_name",
-                self.where or Location(self.origin.store.dir.path),
-            )
-        self.origin.store.claim(self.origin.stored_name, self.where)
-
-    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
-
-
-
-# ---------------------------------------------------------------- placeholders
-
-
-def substitute(node: Any, values: dict[str, Any], doc: Doc, loc: Location | None = None) -> Any:
-    """Fill ``{NAME}`` placeholders in every string; ``{{NAME}}`` is a literal ``{NAME}``."""
-    if isinstance(node, str):
-        if "{" not in node:
-            return node
-        whole = _PLACEHOLDER.fullmatch(node)
-        if whole and whole.group(2) in values and not isinstance(values[whole.group(2)], str):
-            return values[whole.group(2)]
-
-        def repl(m: re.Match) -> str:
-            escaped, name = m.group(1), m.group(2)
-            key = escaped or name
-            if key not in values and not _UPPER.fullmatch(key):
-                return m.group(0)
-            if escaped:
-                return "{" + escaped + "}"
-            if name not in values:
-                near = did_you_mean(name, values)
-                raise SpecError(f"unknown placeholder {{{name}}} (known: {', '.join(sorted(values))}){near}", loc)
-            return str(values[name])
-
-        return _PLACEHOLDER.sub(repl, node)
-    rewrite_children(node, lambda k, v: substitute(v, values, doc, doc.where(node, k)))
-    return node
 
 
 # ---------------------------------------------------------------- the builder

@@ -1,0 +1,129 @@
+"""The package's layers: imports point one way along the table in docs/design.md, and nothing forms a cycle.
+
+Every module is parsed (imports inside functions included); no third-party tool is needed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "xser")
+
+#: (layer, rank, module prefixes), bottom to top; the same table is in docs/design.md.
+LAYERS = [
+    ("errors", 0, ("xser.errors", "xser._version")),
+    ("storage", 1, ("xser.storage",)),
+    ("spec", 2, ("xser.spec",)),
+    ("model", 3, ("xser.model",)),
+    ("checkpoints", 4, ("xser.checkpoints",)),
+    ("api", 5, ("xser.api",)),
+    ("tools", 6, ("xser.tools",)),
+    ("interop", 6, ("xser.interop",)),
+    ("cli", 7, ("xser.cli", "xser.demo", "xser.__main__")),
+]
+
+
+def source(file: str) -> str:
+    with open(file, encoding="utf-8") as f:
+        return f.read()
+
+
+def modules() -> dict[str, str]:
+    """Module name -> file, for every .py under xser/."""
+    out = {}
+    for d, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(d, f), os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
+                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(d, f)
+    return out
+
+
+MODULES = modules()
+
+
+def layer_of(name: str) -> tuple[str, int]:
+    if name == "xser":
+        return "package", 6.5  # xser/__init__.py, the public face: above tools and interop, below the CLI
+    for layer, rank, prefixes in LAYERS:
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return layer, rank
+    raise AssertionError(f"module {name} is in no layer of the table")
+
+
+def imports_of(name: str) -> set[str]:
+    """The xser modules ``name`` imports, anywhere in its body."""
+    file = MODULES[name]
+    package = name if file.endswith("__init__.py") else name.rpartition(".")[0]
+    tree = ast.parse(source(file), file)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "xser"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.split(".")[0] != "xser":
+                continue
+            for a in node.names:  # `from . import typecheck` imports a module, `from . import x` an attribute
+                out.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod)
+    return {m for m in out if m in MODULES and m != name}
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_point_down(name):
+    """A module imports only from its own layer or the layers below it (tools and interop not from each other)."""
+    layer, rank = layer_of(name)
+    bad = []
+    for target in sorted(GRAPH[name]):
+        t_layer, t_rank = layer_of(target)
+        if t_rank > rank or (t_rank == rank and t_layer != layer and layer != "package"):
+            bad.append(f"{target} ({t_layer})")
+    assert not bad, f"{name} ({layer}) imports upward: {', '.join(bad)}"
+
+
+def test_no_cycles():
+    """No import cycle, counting imports inside functions."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(GRAPH[n]):
+            if state.get(m) == 1:
+                cycles.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(GRAPH):
+        if n not in state:
+            visit(n)
+    assert cycles == []
+
+
+def test_modules_are_small():
+    """Modules of one job: none is much over 400 lines."""
+    big = {n: source(f).count("\n") for n, f in MODULES.items()}
+    assert {n: k for n, k in big.items() if k > 450} == {}
+
+
+def test_every_folder_says_what_it_may_import():
+    """Each package's docstring names what it may import."""
+    for name, file in MODULES.items():
+        if file.endswith("__init__.py") and name not in ("xser", "xser.storage.formats"):
+            doc = ast.get_docstring(ast.parse(source(file))) or ""
+            assert "import" in doc.lower(), name

@@ -1,0 +1,116 @@
+"""Where a loaded component's arrays come from: one opened data directory per saved model.
+
+A ``Store`` wraps an opened checkpoint for one build: it prefetches the parameters the spec
+names (on the I/O pool), checks each against its declaration when a component asks for it,
+remembers what was used (``strict`` loads refuse the rest), and stops prefetching when the
+build fails. Each component inlined from a saved model carries its ``_Origin`` (the store it
+came from), so two saved models with equal subcollection names cannot swap weights.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import wait
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, Location, did_you_mean, shape_str
+from ..storage.opened import OpenedDir
+
+__all__ = ["Store"]
+
+
+class Store:
+    """A data directory being read by one build: prefetching, and what was used."""
+
+    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None) -> None:
+        self.dir = datadir
+        self.mmap = mmap
+        self.verify = verify
+        self.rows = datadir.check_row_keys(rows)
+        self.futures: dict[tuple[str, str], Any] = {}
+        self.used: dict[str, set[str]] = {}
+
+    def prefetch(self, names: set[str]) -> None:
+        entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
+        entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
+        self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
+
+    def claim(self, stored: str, where: Location | None) -> None:
+        if stored not in self.dir.subcollections:
+            near = did_you_mean(stored, self.dir.subcollections)
+            here = Location(os.path.join(self.dir.path, stored))
+            raise DataError(f"subcollection is missing from the data directory{near}" + _at(where), here)
+        self.used.setdefault(stored, set())
+
+    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
+        self.claim(stored, where)
+        sub = self.dir.subcollections[stored]
+        here = Location(os.path.join(self.dir.path, stored))
+        entry = sub.get(name)
+        if entry is None:
+            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
+        partial = self.rows.get(f"{stored}/{name}")
+        if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
+            shape = entry.shape  # a row range of a declared shape: checked by the read
+        elif entry.shape != shape:
+            raise DataError(f"param {name!r}: shape {shape_str(shape)} in spec, {shape_str(entry.shape)} on disk", here)
+        if entry.dtype != dtype:
+            raise DataError(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here)
+        self.used.setdefault(stored, set()).add(name)
+        fut = self.futures.pop((stored, name), None)
+        if fut is None:
+            return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
+        return fut.result()
+
+    def cancel(self) -> None:
+        """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
+        running = [f for f in self.futures.values() if not f.cancel()]
+        self.futures.clear()
+        wait(running)
+
+    def check_all_used(self) -> None:
+        unused = sorted(set(self.dir.subcollections) - set(self.used))
+        if unused:
+            raise DataError(
+                f"subcollections on disk are not used by the spec: {', '.join(unused)} (load with strict=False to ignore)",
+                Location(self.dir.path),
+            )
+        for sub, names in self.used.items():
+            extra = sorted(set(self.dir.subcollections[sub]) - names)
+            if extra:
+                raise DataError(
+                    f"params on disk are not declared by the component: {', '.join(extra)} (load with strict=False to ignore)",
+                    Location(os.path.join(self.dir.path, sub)),
+                )
+
+
+def _at(where: Location | None) -> str:
+    return f" (needed by the component at {where})" if where is not None else ""
+
+
+@attrs.frozen
+class _Origin:
+    store: Store
+    stored_name: str | None
+
+
+class _Source:
+    """What ``xser.params`` reads a loaded component's arrays from."""
+
+    def __init__(self, origin: _Origin, where: Location | None) -> None:
+        self.origin = origin
+        self.where = where
+
+    def claim(self) -> None:
+        if self.origin.stored_name is None:
+            raise DataError(
+                "component registers parameters, but its saved spec has no xser_subcol_name",
+                self.where or Location(self.origin.store.dir.path),
+            )
+        self.origin.store.claim(self.origin.stored_name, self.where)
+
+    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
