@@ -22,7 +22,7 @@ import attrs
 from ..errors import CheckpointError, DataError, Location
 from .layout import data_dir_of, slot_names
 from .manifest import NewerFormatError
-from .opened import OpenedDir
+from .opened import MissingDir, OpenedDir
 
 __all__ = ["Checkpoint", "Scan", "checkpoints", "open_checkpoint", "scan"]
 
@@ -100,10 +100,10 @@ def scan(spec_path: str | os.PathLike) -> Scan:
                     "upgrade xser to read or save this model",
                     Location(path),
                 ) from None
+            except MissingDir:
+                moved = True  # renamed away while listing
+                break
             except DataError as e:
-                if not os.path.lexists(path):
-                    moved = True  # renamed away while listing
-                    break
                 damaged.append((path, e.message))
         if not moved and _stable(spec_path, slots, opened):
             break
@@ -168,9 +168,8 @@ def open_checkpoint(path: str | os.PathLike, checkpoint: int = 0) -> OpenedDir:
     if checkpoint == 0:
         try:
             return OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
-        except DataError:
-            if os.path.lexists(data_dir_of(path, 0)):
-                raise
+        except MissingDir:
+            pass  # none, or a saver is shifting it to .data.1 right now: the listing says what is newest
     with scan(path) as s:
         found = s.listed
         if checkpoint < len(found):

@@ -29,7 +29,7 @@ from .layout import OLD_MARK
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 
-__all__ = ["CheckpointVanished", "DirHandle", "OpenedDir", "check_rows", "gather"]
+__all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather"]
 
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -38,6 +38,10 @@ MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before
 
 class CheckpointVanished(CheckpointError):
     """The checkpoint being read was deleted (pruned by a saver); start over from its name."""
+
+
+class MissingDir(DataError):
+    """No directory at that name (yet, or any more: a saver may be moving it)."""
 
 
 class DirHandle:
@@ -151,7 +155,7 @@ class OpenedDir(DirHandle):
         try:
             fd = os.open(path, _O_DIR)
         except FileNotFoundError:
-            raise DataError("data directory not found (was the model saved with xser.save?)", Location(path)) from None
+            raise MissingDir("data directory not found (was the model saved with xser.save?)", Location(path)) from None
         except OSError as e:
             if e.errno in (errno.ENOTDIR, errno.ELOOP):
                 raise DataError("not a directory (a data directory is never a symbolic link)", Location(path)) from None
