@@ -34,14 +34,19 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def arm(limit: int) -> None:
-    """Count filesystem-changing calls from now on; SIGKILL this process just before call ``limit``."""
+def arm(limit: int, hit=None, setattr=setattr) -> list:
+    """Count filesystem-changing calls from now on; just before call ``limit`` run ``hit()``
+    (default: SIGKILL this process). ``setattr`` installs the wrappers (``monkeypatch.setattr``
+    in-process). Returns the one-element call counter."""
     count = [0]
 
     def tick() -> None:
         count[0] += 1
         if count[0] == limit:
-            os.kill(os.getpid(), signal.SIGKILL)
+            if hit is None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                hit()
 
     def counted(fn, test=None):
         def wrapper(*a, **kw):
@@ -53,11 +58,12 @@ def arm(limit: int) -> None:
 
     for name in ("rename", "replace", "link", "unlink", "remove", "mkdir", "rmdir", "fsync", "ftruncate", "pwrite", "symlink"):
         setattr(os, name, counted(getattr(os, name)))
-    os.open = counted(os.open, lambda path, flags, *a, **kw: bool(flags & _WRITE_FLAGS))
+    setattr(os, "open", counted(os.open, lambda path, flags, *a, **kw: bool(flags & _WRITE_FLAGS)))
     writing = lambda file, mode="r", *a, **kw: any(c in mode for c in "wxa+")  # noqa: E731
-    builtins.open = counted(builtins.open, writing)
-    io.open = builtins.open
-    commit.exchange = counted(commit.exchange)
+    setattr(builtins, "open", counted(builtins.open, writing))
+    setattr(io, "open", builtins.open)
+    setattr(commit, "exchange", counted(commit.exchange))
+    return count
 
 
 # ---------------------------------------------------------------- states

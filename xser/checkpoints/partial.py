@@ -214,4 +214,7 @@ class PartialSaver:
             save_model(self.obj, self.path, SaveOptions(self.durable), name=name, training=training, custom=custom, replace=replace)
         shutil.rmtree(self.staging, ignore_errors=True)
         if self.durable:
-            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            try:
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            except OSError as e:
+                raise DataError(f"cannot sync the model's directory: {e.strerror or e}", Location(self.path)) from None

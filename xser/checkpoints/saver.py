@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
 
 from ..errors import CheckpointError, Location
 from ..storage.commit import finish, new_id, remove_leftovers, stage
+from ..storage.fsutil import os_error
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
 from ..storage.lock import ModelLock
@@ -109,6 +110,15 @@ def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, opt
     return staging
 
 
+@contextlib.contextmanager
+def os_errors(path: str) -> Iterator[None]:
+    """Any OS failure of a save (full disk, permissions, a vanished directory) as a ``CheckpointError``."""
+    try:
+        yield
+    except OSError as e:
+        raise os_error(e, "cannot save the model", path, CheckpointError) from None
+
+
 def save_locked(
     path: str,
     snap: Snapshot,
@@ -179,7 +189,7 @@ def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = 
                custom: Any = None, replace: Mapping[str, Any] | None = None) -> SaveReport:
     """``xser.save``: snapshot, then replace the newest checkpoint under the model lock."""
     snap = snapshot(obj, path, name=name, training=training, custom=custom, formats=options.formats, replace=replace)
-    with ModelLock(path):
+    with ModelLock(path), os_errors(path):
         return save_locked(path, snap, options, policy=None)
 
 
@@ -189,7 +199,7 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
     An existing model at ``out`` is an error unless ``force``; then it is replaced whole (its
     older checkpoints too), with the same commit point as every save.
     """
-    with ModelLock(out):
+    with ModelLock(out), os_errors(out):
         with scan(out) as s:
             recover(out, s, durable=options.durable)
             old = [c.path for c, _ in s.listed]
@@ -233,7 +243,8 @@ class CheckpointSaver:
         self._lock = ModelLock(self.path).acquire()
         self._checked = False
         try:
-            remove_leftovers(self.path)
+            with os_errors(self.path):
+                remove_leftovers(self.path)
         except BaseException:
             self._lock.release()
             raise
@@ -274,10 +285,11 @@ class CheckpointSaver:
             obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
             training_state_value=training_state, formats=self.options.formats,
         )
-        report = save_locked(
-            self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
-            check_all=not self._checked, skip_duplicates=True,
-        )
+        with os_errors(self.path):
+            report = save_locked(
+                self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
+                check_all=not self._checked, skip_duplicates=True,
+            )
         self._checked = True
         return report
 

@@ -43,7 +43,7 @@ class ModelLock:
         from .fsutil import makedirs_durable
 
         try:
-            makedirs_durable(os.path.dirname(self.path), durable=False)
+            makedirs_durable(os.path.dirname(self.path), durable=True)  # rare: only directories it creates
         except OSError as e:
             raise CheckpointError(f"cannot create the model's directory: {e.strerror or e}", Location(self.path)) from None
         while True:
