@@ -73,6 +73,12 @@ def read_once(kind: str, path: str, out: str, rng: random.Random):
         expected = np.float32(np.mean(np.array(steps, np.float64)))
         ok = len(set(steps)) == 3 and len(set(ids)) == 3 and v is not None and np.float32(v) == expected
         return ok, f"avg of steps {steps}: values {[np.unique(a)[:4] for a in sub.values()]}"
+    if kind == "listing":
+        ckpts = xser.checkpoints(path)
+        steps = [c.step for c in ckpts]
+        ids = [c.id for c in ckpts]
+        ok = steps == sorted(set(steps), reverse=True) and len(set(ids)) == len(ids) and 1 <= len(ckpts) <= 4
+        return ok, f"checkpoints(): steps {steps}"
     raise ValueError(kind)
 
 

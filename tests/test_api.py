@@ -348,3 +348,33 @@ class TestGoldenFormat:
         assert np.all(exp["model"].encoder.W == 1) and exp["tied"] is exp["model"].encoder
         (ck,) = xser.checkpoints(path)
         assert ck.id is None and ck.step is None
+
+
+def test_prefetch_stops_when_a_load_fails(tmp_path, monkeypatch):
+    """After the first bad parameter, no further prefetched reads start (and none runs after load returns)."""
+    import threading
+    import time
+
+    from xser.storage.opened import OpenedDir
+
+    path = str(tmp_path / "m.yaml")
+    leaf = leaf_of({f"p{i:02d}": np.full(4, i, np.float32) for i in range(40)})
+    xser.save(leaf, path, durable=False)
+    name = xser.params(leaf).name
+    Path(path + f".data/{name}/p00.npy").write_bytes(b"not an npy file at all, but long enough..........")
+    started = []
+    real = OpenedDir._read_block
+    lock = threading.Lock()
+
+    def slow(self, entry, *a, **kw):
+        with lock:
+            started.append(entry.name)
+        time.sleep(0.02)
+        return real(self, entry, *a, **kw)
+
+    monkeypatch.setattr(OpenedDir, "_read_block", slow)
+    with pytest.raises(xser.DataError, match="p00.npy: file has"):
+        xser.load(path)
+    done = len(started)
+    time.sleep(0.1)
+    assert len(started) == done < 10, started

@@ -94,8 +94,10 @@ class TestMean:
         d = tmp_path_factory.mktemp("same")
         path = str(d / "m.yaml")
         xser.save(leaf_of({"x": arr}), path, durable=False)
-        for extra in range(1, n):  # identical copies as older checkpoints
+        for extra in range(1, n):  # identical copies as older checkpoints (each its own id: another checkpoint)
             shutil.copytree(path + ".data", f"{path}.data.{extra}")
+            mp = Path(f"{path}.data.{extra}/manifest.json")
+            mp.write_text(mp.read_text().replace(json.loads(mp.read_text())["id"], f"{extra:032x}"))
         average(path, d / "avg.yaml", durable=False)
         (sub,) = xser.read_params(d / "avg.yaml").values()
         assert bit_equal(sub["x"], arr)
@@ -210,3 +212,51 @@ def test_progress_reports_every_byte(tmp_path):
     average(path, tmp_path / "avg.yaml", progress=start)
     totals = [v for k, v in calls if k == "total"]
     assert len(totals) == 1 and sum(v for k, v in calls if k == "read") == totals[0] == 3 * (15 + 3 + 3) * 4
+
+
+class TestOneCheckpointEach:
+    def test_best_ignores_nan_like_retention(self, tmp_path):
+        """--best and KeepBest rank with one function: a NaN score is never among the best."""
+        from xser.checkpoints.policy import KeepBest
+
+        path, _ = run_of(tmp_path, [1.0, 2.0, 3.0, 4.0], metrics=[5.0, float("nan"), 9.0, 7.0])
+        chosen = select(path, best=2, metric="bleu")
+        assert [c.step for c in chosen] == [4, 3]
+        ckpts = xser.checkpoints(path)
+        assert {ckpts[i].step for i in KeepBest(2, "bleu").keep(ckpts)} == {4, 3}
+        with pytest.raises(xser.CheckpointError, match="no checkpoint records metric 'bleu' as a number"):
+            select(run_of(tmp_path / "n", [1.0], metrics=[float("nan")])[0], best=1, metric="bleu")
+
+    @pytest.mark.parametrize("fmt", ["dense-text", "sparse-text", "dynet-text", "colid-value-binary"])
+    def test_every_format(self, tmp_path, fmt):
+        """Checkpoints stored in any weight format are averaged (through the format's streaming reader)."""
+        path = str(tmp_path / "m.yaml")
+        lin = Linear(5, 3)
+        rng = np.random.default_rng(3)
+        values = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3)]
+        with xser.CheckpointSaver(path, keep=5, formats={"*/W": fmt}) as saver:
+            for i, v in enumerate(values):
+                lin.W[...] = v
+                saver.save(lin, step=i + 1)
+        average(path, tmp_path / "avg.yaml", memory_budget=64)  # tiny chunks: rows are cut across pieces
+        expected = np.mean(np.stack(values).astype(np.float64), axis=0).astype(np.float32)
+        assert bit_equal(xser.load(tmp_path / "avg.yaml").W, expected)
+
+    def test_output_records_steps_and_ids(self, tmp_path):
+        """The output says which checkpoints (step and id) it averaged; the ids are distinct."""
+        path, _ = run_of(tmp_path, [1.0, 2.0, 3.0, 4.0])
+        average(path, tmp_path / "avg.yaml", last=3)
+        (out,) = xser.checkpoints(tmp_path / "avg.yaml")
+        rec = out.training["averaged_from"]
+        ids = {c.step: c.id for c in xser.checkpoints(path)}
+        assert [(r["step"], r["id"], r["checkpoint"]) for r in rec] == [
+            (4, ids[4], "m.yaml.data"), (3, ids[3], "m.yaml.data.1"), (2, ids[2], "m.yaml.data.2")
+        ]
+
+    def test_copies_of_one_checkpoint_count_once(self, tmp_path):
+        """A directory copied by hand carries the same id: it is the same checkpoint, listed once."""
+        path, _ = run_of(tmp_path, [1.0, 3.0])
+        shutil.copytree(path + ".data", path + ".data.5")
+        assert [c.step for c in xser.checkpoints(path)] == [2, 1]
+        average(path, tmp_path / "avg.yaml")
+        assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 2.0)

@@ -1,6 +1,6 @@
 """Parameters stored as blocks of rows or tiles, and partial (row-range) loads.
 
-(The code is spread over store.py, commit.py and api.py; these tests are about the one feature.)
+(The code is spread over storage/plan.py, storage/manifest.py and storage/opened.py; these tests are about the one feature.)
 """
 
 from __future__ import annotations
@@ -145,3 +145,70 @@ class TestBadBlocks:
         with pytest.raises(xser.DataError, match="block size for '\\*/W' must be an int >= 1"):
             xser.save(Linear(2, 2), tmp_path / "m.yaml", blocks={"*/W": 0})
         assert not (tmp_path / "m.yaml").exists()
+
+
+def brute_force_tiles(blocks, shape) -> bool:
+    """Reference: every element covered exactly once (small shapes only)."""
+    seen = np.zeros(shape, np.int64)
+    for start, size in blocks:
+        seen[tuple(slice(a, a + n) for a, n in zip(start, size))] += 1
+    return bool(np.all(seen == 1))
+
+
+@st.composite
+def grid_layouts(draw):
+    """Band layouts (what the check accepts by design), then maybe one block moved, grown or dropped."""
+    rows = draw(st.integers(1, 8))
+    cols = draw(st.integers(1, 8))
+    row_cuts = sorted(draw(st.sets(st.integers(1, rows - 1), max_size=3))) if rows > 1 else []
+    blocks = []
+    bands = list(zip([0] + row_cuts, row_cuts + [rows]))
+    for r0, r1 in bands:  # every band has its own column cuts
+        col_cuts = sorted(draw(st.sets(st.integers(1, cols - 1), max_size=3))) if cols > 1 else []
+        for c0, c1 in zip([0] + col_cuts, col_cuts + [cols]):
+            blocks.append(((r0, c0), (r1 - r0, c1 - c0)))
+    edit = draw(st.sampled_from(["none", "drop", "shift", "grow"]))
+    i = draw(st.integers(0, len(blocks) - 1))
+    (r0, c0), (n, m) = blocks[i]
+    if edit == "drop" and len(blocks) > 1:
+        blocks.pop(i)
+    elif edit == "shift" and r0 > 0:
+        blocks[i] = ((r0 - 1, c0), (n, m))
+    elif edit == "grow" and c0 + m < cols:
+        blocks[i] = ((r0, c0), (n, m + 1))
+    return blocks, (rows, cols)
+
+
+class TestTiling:
+    @settings(max_examples=300, deadline=None)
+    @given(layout=grid_layouts())
+    def test_band_check_agrees_with_brute_force(self, layout):
+        """For band layouts and their corruptions, the O(n log n) check accepts exactly the exact covers."""
+        from xser.storage.manifest import Block, check_tiling
+
+        blocks, shape = layout
+        parsed = tuple(Block(f"b{k}", "npy", 0, ("xxh3_64", "0"), s, n) for k, (s, n) in enumerate(blocks))
+        try:
+            check_tiling(parsed, shape)
+            ok = True
+        except ValueError:
+            ok = False
+        assert ok == brute_force_tiles(blocks, shape)
+
+    def test_many_tiles(self):
+        """A manifest with 250,000 tiles (a 500 x 500 grid) is checked in O(n log n); a missing one is found."""
+        from xser.storage.manifest import Block, check_tiling
+
+        n = 500
+        blocks = [Block("f", "npy", 0, ("xxh3_64", "0"), (r, c), (1, 2)) for r in range(n) for c in range(0, 2 * n, 2)]
+        check_tiling(tuple(blocks), (n, 2 * n))
+        with pytest.raises(ValueError, match=f"blocks cover {n * 2 * n - 2} of {n * 2 * n} elements"):
+            check_tiling(tuple(blocks[:1000] + blocks[1001:]), (n, 2 * n))
+
+    def test_straddling_blocks_are_refused(self):
+        """A block that straddles another band's edge is refused with both blocks named."""
+        from xser.storage.manifest import Block, check_tiling
+
+        b = lambda s, n: Block("f", "npy", 0, ("xxh3_64", "0"), s, n)  # noqa: E731
+        with pytest.raises(ValueError, match=r"blocks at \[0, 2\] and \[0, 0\] do not tile in bands"):
+            check_tiling((b((0, 0), (2, 2)), b((0, 2), (1, 2)), b((1, 2), (1, 2))), (2, 4))

@@ -97,3 +97,27 @@ class TestPartialSaver:
         assert {n["worker"] for n in ps.written()[key]} == {"w0", "w1"}
         ps.finalize()
         assert np.array_equal(xser.load(path).W, full)
+
+    def test_workers_join_without_the_object(self, tmp_path):
+        """Workers that only know the path join the partial save; the layout recorded by the first saver checks them."""
+        lin, full, key, path = setup(tmp_path, rows=12)
+        ps = xser.PartialSaver(path, lin, worker="main")
+        code = (
+            "import sys, numpy as np; sys.path.insert(0, {here!r}); import xser\n"
+            "ps = xser.PartialSaver.join({path!r}, worker=sys.argv[1])\n"
+            "first, stop = int(sys.argv[2]), int(sys.argv[3])\n"
+            "ps.write_rows({key!r}, first, np.arange(first * 4, stop * 4, dtype=np.float32).reshape(-1, 4))\n"
+        ).format(here=HERE, path=path, key=key)
+        procs = [subprocess.Popen([sys.executable, "-c", code, w, str(a), str(b)]) for w, a, b in [("w0", 0, 5), ("w1", 5, 12)]]
+        assert [p.wait() for p in procs] == [0, 0]
+        ps.finalize()
+        assert np.array_equal(xser.load(path).W, full)
+
+    def test_object_with_other_names_is_refused(self, tmp_path):
+        """A worker whose object was built separately (other subcollection names) is told how to get the same ones."""
+        lin, _, _, path = setup(tmp_path, rows=12)
+        xser.PartialSaver(path, lin)
+        with pytest.raises(xser.DataError, match=r"the object's parameters differ from the partial save in progress .*xser.load.*PartialSaver.join"):
+            xser.PartialSaver(path, Linear(4, 12))
+        with pytest.raises(xser.DataError, match="finalize needs the model object"):
+            xser.PartialSaver.join(path).finalize()

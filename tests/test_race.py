@@ -2,9 +2,9 @@
 
 A writer process saves again and again (every array equal to its step, ``keep=4``, so every
 save prunes one checkpoint); reader processes meanwhile ``load``, ``read_params`` (with and
-without ``rows=``), ``load_training_state`` and average the last three checkpoints. Every
+without ``rows=``), ``load_training_state``, list the checkpoints and average the last three. Every
 result must come from one checkpoint: one value everywhere, and an average equal to the mean of
-three distinct saved steps. A reader may give up cleanly (``CheckpointError``) but never mix.
+three distinct saved steps, and a listing newest first without repeats. A reader may give up cleanly (``CheckpointError``) but never mix.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_readers_see_whole_checkpoints(tmp_path):
         readers = [
             subprocess.Popen([sys.executable, CHILD, "reader", kind, path, str(SECONDS), str(tmp_path / f"avg-{kind}.yaml")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for kind in ("load", "read_params", "training_state", "avg")
+            for kind in ("load", "read_params", "training_state", "avg", "listing")
         ]
         reports = []
         for r in readers:
