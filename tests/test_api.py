@@ -378,3 +378,18 @@ def test_prefetch_stops_when_a_load_fails(tmp_path, monkeypatch):
     done = len(started)
     time.sleep(0.1)
     assert len(started) == done < 10, started
+
+
+def test_mmap_survives_pruning(tmp_path):
+    """Arrays loaded with mmap=True keep the files they mapped, even after the checkpoint is pruned."""
+    path = str(tmp_path / "m.yaml")
+    lin = Linear(8, 8)
+    with xser.CheckpointSaver(path, keep=1) as saver:
+        lin.W[...] = 1
+        saver.save(lin, step=1)
+        lazy = xser.load(path, mmap=True)
+        for step in (2, 3):
+            lin.W[...] = step
+            saver.save(lin, step=step)
+    assert [c.step for c in xser.checkpoints(path)] == [3]
+    assert np.all(lazy.W == 1)
