@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, BinaryIO
@@ -52,6 +53,8 @@ class DirHandle:
         self.fd = fd
         st = os.fstat(fd)
         self.ino = (st.st_dev, st.st_ino)
+        self._subdirs: dict[str, int] = {}  # first path component -> its descriptor (opened once)
+        self._lock = threading.Lock()
 
     @classmethod
     def open_dir(cls, path: str | os.PathLike) -> DirHandle:
@@ -62,6 +65,10 @@ class DirHandle:
             raise DataError(f"cannot open directory: {e.strerror or e}", Location(path)) from None
 
     def close(self) -> None:
+        with self._lock:
+            for d in self._subdirs.values():
+                os.close(d)
+            self._subdirs.clear()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -73,12 +80,12 @@ class DirHandle:
         self.close()
 
     def __del__(self) -> None:
-        fd = getattr(self, "fd", -1)
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        for fd in list(getattr(self, "_subdirs", {}).values()) + [getattr(self, "fd", -1)]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def where(self, rel: str) -> str:
         return os.path.join(self.path, rel)
@@ -89,10 +96,10 @@ class DirHandle:
         parts = rel.split("/")
         if any(p in ("", ".", "..") for p in parts) or rel.startswith("/"):
             raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the directory)", Location(full))
-        fd = self.fd
         opened: list[int] = []
         try:
-            for part in parts[:-1]:
+            fd = self._subdir(parts[0]) if len(parts) > 1 else self.fd
+            for part in parts[1:-1]:
                 fd = os.open(part, _O_DIR, dir_fd=fd)
                 opened.append(fd)
             leaf = os.open(parts[-1], _O_FILE, dir_fd=fd)
@@ -109,10 +116,17 @@ class DirHandle:
         try:
             if not _is_regular(leaf):
                 raise DataError(f"file {rel!r} is not a regular file", Location(full))
-            return os.fdopen(leaf, "rb")
+            return os.fdopen(leaf, "rb", buffering=0)
         except BaseException:
             os.close(leaf)
             raise
+
+    def _subdir(self, name: str) -> int:
+        with self._lock:
+            fd = self._subdirs.get(name)
+            if fd is None:
+                fd = self._subdirs[name] = os.open(name, _O_DIR, dir_fd=self.fd)
+            return fd
 
     def removed(self) -> bool:
         """True if this directory was deleted, or is being deleted, since it was opened."""
