@@ -48,6 +48,19 @@ base = rss("VmRSS:")
 t = time.perf_counter()
 if side == "xser":
     xser.tools.average.average(model, out, durable=False)
+elif side == "xser durable":
+    xser.tools.average.average(model, out, durable=True)
+elif side == "np.save + fsync loop":  # the same bytes as the average's output, written durably
+    arrays = xser.read_params(model)
+    t = time.perf_counter()
+    os.makedirs(out)
+    for s_, ps in arrays.items():
+        for k, a in ps.items():
+            with open(os.path.join(out, f"{{s_}}-{{k}}.npy"), "wb") as f:
+                np.save(f, a)
+                f.flush()
+                os.fsync(f.fileno())
+    fd = os.open(out, os.O_RDONLY); os.fsync(fd); os.close(fd)
 elif side == "xser float32":
     xser.tools.average.average(model, out, durable=False, accumulate="float32")
 elif side == "reference":
@@ -119,7 +132,9 @@ def main(argv=None):
         del model, sub
         print(machine_header())
         print(f"# {args.checkpoints} checkpoints of {total / 2**30:.2f} GiB ({n} float32 arrays), {args.repeats} repeats, dir {root}")
-        results: dict[str, list[dict]] = {"xser": [], "xser float32": [], "reference": [], "floor": []}
+        results: dict[str, list[dict]] = {
+            "xser": [], "xser float32": [], "xser durable": [], "np.save + fsync loop": [], "reference": [], "floor": []
+        }
         for r in range(args.repeats):
             for side in results:
                 out = os.path.join(root, f"out-{side.replace(' ', '-')}-{r}" + (".yaml" if side.startswith("xser") else ""))
@@ -151,6 +166,9 @@ def main(argv=None):
         print(f"| xser --accumulate float32 / floor (time) | {med['xser float32'][0] / med['floor'][0]:.2f} | - |")
         print(f"| xser / reference (time) | {med['xser'][0] / med['reference'][0]:.2f} | < 1 |")
         print(f"| xser peak RSS above baseline, MiB | {med['xser'][1] / 2**20:.0f} | < 100 |")
+        durable_cost = med["xser durable"][0] - med["xser"][0]
+        print(f"| xser avg durable - xser avg (cost of the durable output), s | {durable_cost:.3f} | - |")
+        print(f"| cost of the durable output / np.save + fsync loop of the same bytes | {durable_cost / med['np.save + fsync loop'][0]:.2f} | <= 1.0 |")
         print(f"| xser convert of the newest checkpoint (durable, hard links), ms | {statistics.median(conv_times) * 1000:.1f} | milliseconds |")
         print(f"| reference peak RSS / model size | {med['reference'][1] / total:.2f} | (>= 2 expected) |")
     finally:

@@ -265,7 +265,7 @@ class OpenedDir(DirHandle):
             except OSError as e:
                 raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
 
-    def chunks(self, entry: ParamEntry, elements: int) -> Iterator[np.ndarray]:
+    def chunks(self, entry: ParamEntry, elements: int, buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
         """The parameter's elements in C order, streamed in flat pieces of at most ``elements``.
 
         Goes through each block's format (every format has a streaming reader), so tools work
@@ -277,7 +277,10 @@ class OpenedDir(DirHandle):
             where = self.where(block.file)
             with self.open_file(block.file) as f:
                 try:
-                    yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements)
+                    if buffer is not None and block.format == "npy":
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer)
+                    else:
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements)
                 except OSError as e:
                     raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
             return

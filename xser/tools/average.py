@@ -217,7 +217,8 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
         acc = np.empty(n, acc_dtype)
         tmp = np.empty(n, acc_dtype) if not unit else None
         out = np.empty(n, dtype)
-        sources = [_exact(d.chunks(e, n), n, size, d.where(e.blocks[0].file)) for d, e in zip(dirs, entries)]
+        raw = np.empty(n * dtype.itemsize, np.uint8)  # shared: each piece is used before the next is read
+        sources = [_exact(d.chunks(e, n, raw), n, size, d.where(e.blocks[0].file)) for d, e in zip(dirs, entries)]
         try:
             for start in range(0, size, n):
                 m = min(n, size - start)

@@ -248,8 +248,14 @@ class NpyFormat:
         f.seek(0)
         return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[first:stop]
 
-    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
-        """Consecutive elements in C order, read into one reused buffer (C-order files: plain reads)."""
+    def chunks(
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, buffer: np.ndarray | None = None
+    ) -> Iterator[np.ndarray]:
+        """Consecutive elements in C order, read into one reused buffer (C-order files: plain reads).
+
+        ``buffer`` (uint8, at least ``elements * itemsize`` bytes) may be shared by callers that use
+        each piece before asking for the next one from any reader (averaging does): it stays in cache.
+        """
         offset, fortran = self._check(f, where, dtype, shape, size)
         total = int(np.prod(shape, dtype=np.int64))
         n = max(1, min(elements, total))
@@ -261,7 +267,7 @@ class NpyFormat:
                 for start in range(0, band.size, n):
                     yield band[start : start + n]
             return
-        raw = np.empty(n * dtype.itemsize, np.uint8)
+        raw = buffer if buffer is not None and buffer.nbytes >= n * dtype.itemsize else np.empty(n * dtype.itemsize, np.uint8)
         f.seek(offset)
         for start in range(0, total, n):
             m = min(n, total - start)
