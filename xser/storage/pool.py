@@ -32,22 +32,22 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def pool() -> ThreadPoolExecutor:
-    """The shared pool, made on first use (at most 8 threads, at least 2)."""
-    global _POOL
+def _get(name: str, workers: int, prefix: str) -> ThreadPoolExecutor:
     with _LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="xser-io")
-        return _POOL
+        ex = globals()[name]
+        if ex is None:
+            ex = globals()[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
+        return ex
+
+
+def pool() -> ThreadPoolExecutor:
+    """The shared pool for file I/O, made on first use (at most 8 threads, at least 2)."""
+    return _get("_POOL", max(2, min(8, os.cpu_count() or 2)), "xser-io")
 
 
 def cpu_pool() -> ThreadPoolExecutor:
     """Threads for compute helpers (formatting text) that I/O tasks submit to and wait on."""
-    global _CPU
-    with _LOCK:
-        if _CPU is None:
-            _CPU = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="xser-cpu")
-        return _CPU
+    return _get("_CPU", max(2, min(4, os.cpu_count() or 2)), "xser-cpu")
 
 
 def run_all(fn: Callable[[T], R], items: list[T], threads: int) -> list[R]:

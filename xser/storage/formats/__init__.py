@@ -11,7 +11,7 @@ formats with ``xser.register_format`` or through the entry-point group ``xser.fo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -21,6 +21,7 @@ from ..checksums import DEFAULT_CHECKSUM, digest_stream
 from ..checksums import verify as check_digest
 from .npy import NPY, Format
 from .text import DENSE_TEXT, SPARSE_TEXT
+from .whole import DecodedWhole
 
 __all__ = ["DEFAULT_CHECKSUM", "FORMATS", "Format", "get_format", "register_format"]
 
@@ -34,7 +35,7 @@ def _fd_path(f: BinaryIO, where: str) -> str:
     return proc if os.path.exists(proc) else where
 
 
-class UserFormat:
+class UserFormat(DecodedWhole):
     """A format given as two functions: ``writer(path, array)`` and ``reader(path, dtype, shape) -> array``.
 
     The reader is handed a path that names the already opened file (``/proc/self/fd/N`` on
@@ -69,14 +70,6 @@ class UserFormat:
                 f"format {self.name!r} read {out.dtype} {tuple(out.shape)}, the manifest says {dtype} {tuple(shape)}", Location(where)
             )
         return out
-
-    def read_rows(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
-        return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
-
-    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
-        flat = self.read(f, where, dtype, shape, size, mmap=False, verify=None).reshape(-1)
-        for start in range(0, flat.size, max(1, elements)):
-            yield flat[start : start + elements]
 
 
 def register_format(name: str, reader: Callable, writer: Callable, *, suffix: str = ".bin") -> None:

@@ -9,7 +9,6 @@ float32/float64 matrices as one partition; ``dynet-text`` stores one DyNet recor
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -19,11 +18,12 @@ from ..checksums import digest_bytes
 from .angel_codec import ANGEL_FORMATS, decode_partition, encode_partition
 from .dynet_codec import parse_dynet_text, write_dynet_text
 from .text import load_checked
+from .whole import DecodedWhole
 
 __all__ = ["EXTERNAL"]
 
 
-class _BytesFormat:
+class _BytesFormat(DecodedWhole):
     """A format whose files are produced and parsed whole (they are small or text)."""
 
     suffix = ".txt"
@@ -45,15 +45,6 @@ class _BytesFormat:
         if out.shape != tuple(shape):
             raise DataError(f"file holds {shape_str(out.shape)}, manifest says {shape_str(shape)}", Location(where))
         return out.astype(dtype, copy=False)
-
-    def read_rows(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
-        return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
-
-    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
-        """These layouts are decoded whole (column-major or record files), then handed out in pieces."""
-        flat = self.read(f, where, dtype, shape, size, mmap=False, verify=None).reshape(-1)
-        for start in range(0, flat.size, max(1, elements)):
-            yield flat[start : start + elements]
 
 
 class DynetText(_BytesFormat):
