@@ -97,6 +97,7 @@ print(t1)
 
 ST_CHILD = r"""
 import time
+import numpy
 from safetensors import safe_open
 t = time.perf_counter()
 with safe_open({path!r}, framework="numpy") as f:

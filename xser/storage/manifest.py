@@ -8,6 +8,7 @@ confined to the directory, and block layouts are checked to tile their parameter
 
 from __future__ import annotations
 
+import math
 import json
 import os
 from collections.abc import Mapping
@@ -81,7 +82,7 @@ class ParamEntry:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def whole(self) -> bool:
@@ -333,8 +334,8 @@ def check_tiling(blocks: tuple[Block, ...], shape: tuple) -> None:
         return
     if any(b.start is None for b in blocks):
         raise ValueError("when a parameter has several blocks, each needs start and shape")
-    total = int(np.prod(shape, dtype=np.int64))
-    covered = sum(int(np.prod(b.shape, dtype=np.int64)) for b in blocks)
+    total = math.prod(shape)
+    covered = sum(math.prod(b.shape) for b in blocks)
     if total == 0:
         return  # an empty parameter: every block is empty and inside it
     if covered < total:

@@ -13,6 +13,7 @@ model file is untrusted input.
 
 from __future__ import annotations
 
+import math
 import errno
 import os
 import threading
@@ -287,7 +288,7 @@ class OpenedDir(DirHandle):
         if not entry.shape:
             yield self.read(entry).reshape(-1)
             return
-        row = int(np.prod(entry.shape[1:], dtype=np.int64)) or 1
+        row = math.prod(entry.shape[1:]) or 1
         step = max(1, elements // row)
         for first in range(0, entry.shape[0], step):
             yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)

@@ -6,6 +6,7 @@ import/export xnmt``. Grammar in ``shared/research/xnmt.md`` section 4.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -34,7 +35,7 @@ def parse_dynet_text(data: bytes, path: str) -> list[dict]:
         if batch is not None and batch != "1":
             raise DataError(f"batched parameters are not supported ({header[:80]!r})", Location(path, line_no))
         shape = tuple(int(d) for d in dims.split(","))
-        n = int(np.prod(shape, dtype=np.int64))
+        n = math.prod(shape)
         nbytes = int(nbytes)
         full = grad in (None, "FULL_GRAD")
         expected = (16 * n + 1) * (2 if full else 1)

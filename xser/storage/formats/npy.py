@@ -8,6 +8,7 @@ the header against the manifest and the file size *before* allocating anything.
 
 from __future__ import annotations
 
+import math
 import io
 import mmap
 import os
@@ -126,6 +127,9 @@ _FAST_HEADER = re.compile(
 )
 
 
+_DTYPES: dict[bytes, np.dtype] = {}
+
+
 def _fast_header(f) -> tuple[tuple, bool, np.dtype, int] | None:
     """The common header (a plain dtype, version 1.0, as numpy writes it) parsed by one regex; None otherwise.
 
@@ -138,10 +142,12 @@ def _fast_header(f) -> tuple[tuple, bool, np.dtype, int] | None:
         text = f.read(n)
         m = _FAST_HEADER.fullmatch(text)
         if m is not None:
-            try:
-                dtype = np.dtype(m.group(1).decode())
-            except TypeError:
-                dtype = None
+            dtype = _DTYPES.get(m.group(1))
+            if dtype is None:
+                try:
+                    dtype = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1).decode()))
+                except TypeError:
+                    dtype = None
             if dtype is not None and not dtype.hasobject and dtype.kind not in "OV":
                 dims = m.group(3).decode().replace(" ", "").strip(",")
                 shape = tuple(int(x) for x in dims.split(",")) if dims else ()
@@ -239,7 +245,7 @@ class NpyFormat:
         first, stop = rows
         offset, fortran = self._check(f, where, dtype, shape, size)
         if not fortran and verify is None:
-            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            row_bytes = math.prod(shape[1:]) * dtype.itemsize
             out = np.empty((stop - first,) + tuple(shape[1:]), dtype)
             view = byte_view(out) if out.size else np.empty(0, np.uint8)
             f.seek(offset + first * row_bytes)
@@ -257,11 +263,11 @@ class NpyFormat:
         each piece before asking for the next one from any reader (averaging does): it stays in cache.
         """
         offset, fortran = self._check(f, where, dtype, shape, size)
-        total = int(np.prod(shape, dtype=np.int64))
+        total = math.prod(shape)
         n = max(1, min(elements, total))
         if fortran and len(shape) > 1:  # rare: read C-order row bands out of a read-only map
             mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
-            step = max(1, n // max(1, int(np.prod(shape[1:], dtype=np.int64))))
+            step = max(1, n // max(1, math.prod(shape[1:])))
             for first in range(0, shape[0], step):
                 band = np.ascontiguousarray(mapped[first : first + step]).reshape(-1)
                 for start in range(0, band.size, n):
@@ -286,7 +292,7 @@ class NpyFormat:
             raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(where))
         if tuple(fshape) != tuple(shape):
             raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(where))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if offset + nbytes != actual:
             raise DataError(
                 f"header promises {nbytes} bytes of data for shape {shape_str(shape)} {dtype}, "
@@ -299,7 +305,7 @@ class NpyFormat:
         self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: tuple[str, str] | None
     ) -> np.ndarray:
         offset, fortran = self._check(f, where, dtype, shape, size)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         order = "F" if fortran else "C"
         if mmap and nbytes and verify is None:
             return _map(f, dtype, offset, shape, order)

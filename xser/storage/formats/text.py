@@ -129,7 +129,7 @@ def _check_precision(precision: Any) -> None:
 def _rows(shape: tuple) -> tuple[int, int]:
     if len(shape) == 0:
         return 1, 1
-    return shape[0], int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    return shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
 
 
 def _as_rows(array: np.ndarray) -> np.ndarray:
