@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xser
 from strategies import plain
@@ -99,3 +100,48 @@ class TestDump:
         """Strings that ruamel would mangle are double-quoted."""
         for s in ["?x", ":0", "a\x85b", "a\u2028b", "-", "#x", "true", "12", ""]:
             assert parse(dump({s: s})).tree == {s: s}
+
+
+class TestFastComposer:
+    """libyaml (ruamel.yaml.clib) composes, the pure parser words errors: both must give the same trees."""
+
+    SCALARS = ["yes", "no", "on", "off", "0x10", "0o17", "017", "010", "1_000", "1:30", ".inf", "-.inf", ".nan", "~",
+               "Null", "TRUE", "1e3", "+1", "-0", "0b101", "2001-12-14", "=", "'x'", '"\\x41"', "!!str 5",
+               "!!float 1", "0.", ".5", "+.5e2", "1_0.0_1"]
+
+    @pytest.mark.parametrize("value", SCALARS)
+    def test_scalars_resolve_the_same(self, value):
+        """Implicit and explicit scalar types resolve as the pure parser resolves them (YAML 1.2 core)."""
+        import xser.spec.yamlio as y
+
+        text = f"k: {value}\n"
+        fast = parse(text).tree
+        saved = y._CParser
+        try:
+            y._CParser = None
+            pure = parse(text).tree
+        finally:
+            y._CParser = saved
+        assert repr(fast) == repr(pure)
+
+    @settings(max_examples=300, deadline=None)
+    @given(tree=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3)
+        | st.builds(lambda d: Tagged("!Comp", d), st.dictionaries(st.text(min_size=1, max_size=5), c, max_size=3)),
+        max_leaves=12,
+    ))
+    def test_dumped_trees_compose_the_same(self, tree):
+        """Whatever xser dumps, both composers read back the same tree, with the same locations."""
+        import xser.spec.yamlio as y
+
+        text = dump({"x": tree})
+        fast = parse(text)
+        saved = y._CParser
+        try:
+            y._CParser = None
+            pure = parse(text)
+        finally:
+            y._CParser = saved
+        assert fast.tree == pure.tree
+        assert fast.where(fast.tree, "x") == pure.where(pure.tree, "x")

@@ -27,6 +27,9 @@ MAX_NODES = 2_000_000
 _STD = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_STD + t for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")}
 _MERGE = _STD + "merge"
+#: the pure parser resolves a plain ``=`` to YAML 1.1's !!value, which YAML 1.2 does not have:
+#: it is the string "=" (as libyaml resolves it)
+_VALUE = _STD + "value"
 
 
 class Tagged:
@@ -169,7 +172,7 @@ class _Converter:
             )
         tag = node.tag
         if isinstance(node, ScalarNode):
-            if tag == _STD + "str":
+            if tag == _STD + "str" or (tag == _VALUE and node.value == "="):
                 return node.value
             if tag in _SCALAR_TAGS:
                 try:
@@ -255,22 +258,39 @@ class _Converter:
         return out
 
 
-def _yaml() -> YAML:
-    y = YAML(typ="safe", pure=True)
+try:
+    from ruamel.yaml import CParser as _CParser  # libyaml, from ruamel.yaml.clib: about 3x faster
+except ImportError:  # pragma: no cover - a platform without the wheel: the pure parser does it all
+    _CParser = None
+
+
+def _yaml(fast: bool) -> YAML:
+    y = YAML(typ="safe", pure=not fast)
     y.allow_duplicate_keys = True  # we detect duplicates ourselves, with both locations
     return y
+
+
+def _compose(text: str, fname: str | None) -> tuple[Any, YAML]:
+    """The node graph of ``text``: libyaml when installed, the pure parser for errors (its messages)."""
+    if _CParser is not None:
+        y = _yaml(True)
+        try:
+            return y.compose(text), y
+        except YAMLError:
+            pass  # parse again below: the pure parser words syntax errors as the tests pin them
+    y = _yaml(False)
+    try:
+        return y.compose(text), y
+    except MarkedYAMLError as e:
+        raise _yaml_error(e, fname) from None
+    except YAMLError as e:
+        raise SpecError(f"YAML error: {e}", Location(fname)) from None
 
 
 def parse(text: str, file: str | os.PathLike | None = None) -> Doc:
     """Parse one YAML document into a ``Doc`` (tree + locations). Empty text gives ``None``."""
     fname = None if file is None else os.fspath(file)
-    y = _yaml()
-    try:
-        node = y.compose(text)
-    except MarkedYAMLError as e:
-        raise _yaml_error(e, fname) from None
-    except YAMLError as e:
-        raise SpecError(f"YAML error: {e}", Location(fname)) from None
+    node, y = _compose(text, fname)
     doc = Doc(None, fname)
     if node is not None:
         doc.tree = _Converter(doc, y.constructor).convert(node)

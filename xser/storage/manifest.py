@@ -292,20 +292,27 @@ def _spec_block(b: Any, mpath: str) -> Block:
     return Block(_check_name(b["file"], mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
 
 
+_BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape"} | set(CHECKSUMS))
+
+
 def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
     if not isinstance(b, dict):
         raise ValueError("a block must be a mapping")
-    sums = [k for k in CHECKSUMS if k in b]
-    if set(b) - {"file", "format", "bytes", "start", "shape"} - set(CHECKSUMS):
+    if not b.keys() <= _BLOCK_KEYS:
         raise ValueError(f"block fields not understood by this xser: {sorted(set(b))}")
+    sums = [k for k in CHECKSUMS if k in b]
     if len(sums) != 1 or not isinstance(b[sums[0]], str):
         raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
-    int(b[sums[0]], 16)
-    if not isinstance(b["format"], str) or get_format(b["format"]) is None:
-        near = did_you_mean(str(b["format"]), FORMATS)
-        raise ValueError(f"unknown weight format {b['format']!r} (known: {', '.join(sorted(FORMATS))}){near}")
-    if not isinstance(b["bytes"], int) or isinstance(b["bytes"], bool) or b["bytes"] < 0:
-        raise ValueError(f"bad byte size {b['bytes']!r}")
+    algo = sums[0]
+    digest = b[algo]
+    int(digest, 16)
+    fmt = b["format"]
+    if fmt not in FORMATS and (not isinstance(fmt, str) or get_format(fmt) is None):
+        near = did_you_mean(str(fmt), FORMATS)
+        raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(sorted(FORMATS))}){near}")
+    size = b["bytes"]
+    if type(size) is not int or size < 0:
+        raise ValueError(f"bad byte size {size!r}")
     start = bshape = None
     if "start" in b or "shape" in b:
         start, bshape = _ints(b.get("start"), "start"), _ints(b.get("shape"), "shape")
@@ -313,7 +320,7 @@ def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
             raise ValueError(f"block start {list(start)} and shape {list(bshape)} must have {len(shape)} dimensions")
         if any(a + n > full for a, n, full in zip(start, bshape, shape)):
             raise ValueError(f"block at {list(start)} of shape {list(bshape)} reaches outside shape {list(shape)}")
-    return Block(_check_name(b["file"], mpath), b["format"], b["bytes"], (sums[0], b[sums[0]].lower()), start, bshape)
+    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import errno
+import math
 import os
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -27,6 +29,8 @@ from ..errors import CheckpointError, DataError, Location, did_you_mean
 from .checksums import digest_bytes
 from .checksums import verify as check_digest
 from .formats import get_format
+from .formats.npy import header_from_bytes as npy_header_from_bytes
+from .formats.npy import map_fd
 from .layout import OLD_MARK
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
@@ -304,13 +308,44 @@ class OpenedDir(DirHandle):
             if mmap and not verify and r is None:
                 fut: Future = Future()
                 try:
-                    fut.set_result(self.read(e, mmap=True))
+                    fut.set_result(self._map_npy(e) if _quick(e) else None)
+                    if fut.result() is None:
+                        fut = Future()
+                        fut.set_result(self.read(e, mmap=True))
                 except BaseException as err:
+                    fut = Future()
                     fut.set_exception(err)
                 out[(e.subcol, e.name)] = fut
             else:
                 out[(e.subcol, e.name)] = pool().submit(self.read, e, mmap=mmap, verify=verify, rows=r)
         return out
+
+    def _map_npy(self, entry: ParamEntry) -> np.ndarray | None:
+        """A lazy open's fast path for a whole ``.npy`` file with a plain header: a handful of
+        system calls and no file object. None when anything is unusual (the general path then
+        reads it and reports precisely)."""
+        block = entry.blocks[0]
+        sub, _, leaf = block.file.partition("/")
+        if not leaf or "/" in leaf or leaf in (".", ".."):
+            return None
+        try:
+            fd = os.open(leaf, _O_FILE, dir_fd=self._subdir(sub))
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != block.bytes:
+                return None
+            head = npy_header_from_bytes(os.pread(fd, 512, 0))
+            if head is None:
+                return None
+            shape, fortran, dtype, offset = head
+            nbytes = math.prod(shape) * dtype.itemsize
+            if dtype != entry.dtype or shape != entry.shape or offset + nbytes != st.st_size or not nbytes:
+                return None
+            return map_fd(fd, dtype, offset, shape, "F" if fortran else "C")
+        finally:
+            os.close(fd)
 
     def check_row_keys(self, rows: dict | None) -> dict:
         """Every key of a ``rows`` mapping must name a parameter ("subcol/param")."""
@@ -360,9 +395,11 @@ def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
 
 
 def _is_regular(fd: int) -> bool:
-    import stat
-
     return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _quick(e: ParamEntry) -> bool:
+    return e.whole and e.blocks[0].format == "npy"
 
 
 def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:

@@ -130,28 +130,39 @@ _FAST_HEADER = re.compile(
 _DTYPES: dict[bytes, np.dtype] = {}
 
 
-def _fast_header(f) -> tuple[tuple, bool, np.dtype, int] | None:
+def header_from_bytes(head: bytes) -> tuple[tuple, bool, np.dtype, int] | None:
     """The common header (a plain dtype, version 1.0, as numpy writes it) parsed by one regex; None otherwise.
 
-    numpy's own parser evaluates the header as a Python literal, which costs tens of microseconds
-    per file: most of a lazy open of many small arrays.
+    ``head`` is the file's first bytes (enough to hold the header). numpy's own parser evaluates
+    the header as a Python literal, which costs tens of microseconds per file: most of a lazy
+    open of many small arrays.
     """
+    if len(head) < 10 or head[:8] != b"\x93NUMPY\x01\x00":
+        return None
+    n = int.from_bytes(head[8:10], "little")
+    m = _FAST_HEADER.fullmatch(head, 10, 10 + n) if len(head) >= 10 + n else None
+    if m is None:
+        return None
+    dtype = _DTYPES.get(m.group(1))
+    if dtype is None:
+        try:
+            dtype = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1).decode()))
+        except TypeError:
+            return None
+    if dtype.hasobject or dtype.kind in "OV":
+        return None
+    dims = m.group(3).replace(b" ", b"").strip(b",")
+    shape = tuple(int(x) for x in dims.split(b",")) if dims else ()
+    return shape, m.group(2) == b"True", dtype, 10 + n
+
+
+def _fast_header(f) -> tuple[tuple, bool, np.dtype, int] | None:
     head = f.read(10)
     if len(head) == 10 and head[:8] == b"\x93NUMPY\x01\x00":
-        n = int.from_bytes(head[8:10], "little")
-        text = f.read(n)
-        m = _FAST_HEADER.fullmatch(text)
-        if m is not None:
-            dtype = _DTYPES.get(m.group(1))
-            if dtype is None:
-                try:
-                    dtype = _DTYPES.setdefault(m.group(1), np.dtype(m.group(1).decode()))
-                except TypeError:
-                    dtype = None
-            if dtype is not None and not dtype.hasobject and dtype.kind not in "OV":
-                dims = m.group(3).decode().replace(" ", "").strip(",")
-                shape = tuple(int(x) for x in dims.split(",")) if dims else ()
-                return shape, m.group(2) == b"True", dtype, 10 + n
+        head += f.read(int.from_bytes(head[8:10], "little"))
+        fast = header_from_bytes(head)
+        if fast is not None:
+            return fast
     f.seek(0)
     return None
 
@@ -193,7 +204,12 @@ def _read_exactly(f, view: np.ndarray, path: str) -> None:
 
 def _map(f, dtype: np.dtype, offset: int, shape: tuple, order: str) -> np.memmap:
     """A copy-on-write ``np.memmap`` of the file's data (what ``np.memmap(mode="c")`` gives, at half its cost)."""
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    return map_fd(f.fileno(), dtype, offset, shape, order)
+
+
+def map_fd(fd: int, dtype: np.dtype, offset: int, shape: tuple, order: str = "C") -> np.memmap:
+    """``_map`` for a raw descriptor (the caller checked size and header)."""
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
     arr = np.ndarray.__new__(np.memmap, tuple(shape), dtype, buffer=mm, offset=offset, order=order)
     arr._mmap, arr.offset, arr.mode, arr.filename = mm, offset, "c", None
     return arr
