@@ -2,6 +2,7 @@
 
 Every format reads from an open file (``read``, ``read_rows`` and ``chunks``, a streamed reader
 of consecutive elements for tools such as averaging), so tools never parse a format themselves.
+Part of the storage layer: imports only ``xser.errors`` and the storage modules beside it.
 
 A format writes one array (or one block of an array) to one file and reads it back. The
 manifest records each file's format, so loading never needs to be told. Packages can add
