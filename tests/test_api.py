@@ -393,3 +393,49 @@ def test_mmap_survives_pruning(tmp_path):
             saver.save(lin, step=step)
     assert [c.step for c in xser.checkpoints(path)] == [3]
     assert np.all(lazy.W == 1)
+
+
+def test_checkpoint_removed_while_reading(tmp_path, monkeypatch):
+    """A checkpoint deleted under a reader makes it start over; if that keeps happening, a clear CheckpointError."""
+    from xser.errors import Location
+    from xser.storage.opened import CheckpointVanished, OpenedDir
+
+    path = str(tmp_path / "m.yaml")
+    lin = Linear(2, 3)
+    xser.save(lin, path)
+    real = OpenedDir.open_file
+    vanish = {"left": 1}
+
+    def open_file(self, rel):
+        if vanish["left"]:
+            vanish["left"] -= 1
+            raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path))
+        return real(self, rel)
+
+    monkeypatch.setattr(OpenedDir, "open_file", open_file)
+    monkeypatch.setattr(OpenedDir, "_map_npy", lambda self, e: None)
+    assert np.array_equal(xser.load(path).W, lin.W)  # started over once, then read a whole checkpoint
+    vanish["left"] = 10**6
+    with pytest.raises(xser.CheckpointError) as info:
+        xser.read_params(path)
+    assert str(info.value) == (
+        f"{path}: the checkpoint was removed while it was being read, 5 times in a row (a saver is pruning it); "
+        "read an older checkpoint or keep more of them"
+    )
+
+
+def test_removed_tells_pruning_from_rotation(tmp_path):
+    """An opened directory renamed to another slot is still there; renamed to a trash name or deleted, it is removed."""
+    import shutil
+
+    from xser.storage.opened import OpenedDir
+
+    path = str(tmp_path / "m.yaml")
+    xser.save(Linear(2, 3), path)
+    with OpenedDir.open(path + ".data") as d:
+        os.rename(path + ".data", path + ".data.1")
+        assert not d.removed()
+        os.rename(path + ".data.1", path + ".data.old-1-abc")
+        assert d.removed()
+        shutil.rmtree(path + ".data.old-1-abc")
+        assert d.removed()
