@@ -164,14 +164,25 @@ class TestRotation:
 
 class TestDuplicatesAndLinks:
     def test_identical_save_is_skipped(self, tmp_path):
-        """A save whose arrays equal the newest checkpoint's is reported and skipped."""
+        """A save that brings nothing new (same arrays, step and metrics) is reported and skipped."""
         path = str(tmp_path / "m.yaml")
         lin = model(1)
         with xser.CheckpointSaver(path, keep=3) as saver:
-            saver.save(lin, step=1)
-            report = saver.save(lin, step=2, metrics={"bleu": 1.0})
+            saver.save(lin, step=1, metrics={"bleu": 1.0})
+            report = saver.save(lin, step=1, metrics={"bleu": 1.0})
         assert report.skipped and report.path is None
         assert steps_on_disk(path) == [1]
+
+    def test_unchanged_arrays_with_a_new_step_are_recorded(self, tmp_path):
+        """An evaluation-only epoch (same arrays, new step and metrics) leaves a checkpoint; every file is a link."""
+        path = str(tmp_path / "m.yaml")
+        lin = model(1)
+        with xser.CheckpointSaver(path, keep=KeepBest(1, "bleu") | KeepLast(1)) as saver:
+            saver.save(lin, step=1, metrics={"bleu": 1.0})
+            report = saver.save(lin, step=2, metrics={"bleu": 5.0})
+            saver.save(lin, step=3, metrics={"bleu": 2.0})
+        assert not report.skipped and (report.written, report.linked) == (0, 2)
+        assert steps_on_disk(path) == [3, 2]  # KeepBest saw step 2's metric
 
     def test_unchanged_arrays_are_hard_linked(self, tmp_path):
         """Arrays that did not change are hard-linked from the previous checkpoint, not rewritten."""
@@ -217,9 +228,25 @@ class TestStructure:
         sub = xser.params(lin).name
         assert str(info.value) == (
             f"{path}: the model no longer matches checkpoint {path}.data: {sub}: param 'W' is (2, 4) float32 in the model, "
-            "(2, 3) float32 in the checkpoint; to start a new model use CheckpointSaver(..., restart=True)"
+            "(2, 3) float32 in the checkpoint. To continue the saved run, build the model from it "
+            "(obj = xser.load('m.yaml'), with xser.load_training_state for the optimizer) and save that; to start a new "
+            "model instead, CheckpointSaver(..., restart=True) replaces the checkpoint (they are removed only after the "
+            "new model's first checkpoint is saved)"
         )
         assert steps_on_disk(path) == [1]
+
+    def test_rerun_of_a_training_script(self, tmp_path):
+        """Re-running a script against its own output: the message counts what restart would replace; the resume recipe works."""
+        path = str(tmp_path / "m.yaml")
+        save_steps(path, model(), (1, 2, 3), keep=5)
+        fresh = model()  # a fresh build: new subcollection names
+        with xser.CheckpointSaver(path, keep=5) as saver:
+            with pytest.raises(xser.CheckpointError, match=r"new subcollections .* To continue the saved run.* replaces all 3 checkpoints"):
+                saver.save(fresh, step=4)
+            resumed = xser.load(path)  # the README's resume recipe
+            resumed.W[...] = 4
+            saver.save(resumed, step=4)
+        assert steps_on_disk(path) == [4, 3, 2, 1]
 
     def test_restart_starts_a_new_model(self, tmp_path):
         """restart=True replaces every old checkpoint with the new model's first one."""

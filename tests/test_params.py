@@ -104,3 +104,132 @@ class TestReplace:
         from xser.model.params import subcollection_of
 
         assert subcollection_of(Node(1)) is None
+
+
+@xser.serializable(tag="!TRenamed")
+class Renamed:
+    """The attribute is not named after the parameter."""
+
+    n: int = 3
+
+    def __attrs_post_init__(self):
+        self.weight = xser.params(self).add("W", (self.n,), init="zeros")
+
+
+@xser.serializable(tag="!TInDict")
+class InDict:
+    """Parameters kept in a dict and a list held by attributes."""
+
+    n: int = 3
+
+    def __attrs_post_init__(self):
+        p = xser.params(self)
+        self.tensors = {"W": p.add("W", (self.n,), init="zeros")}
+        self.layers = [p.add("b", (self.n,), init="zeros")]
+
+
+def saved_values(tmp_path, obj, name):
+    path = tmp_path / "m.yaml"
+    xser.save(obj, path)
+    return xser.read_params(path)[xser.params(obj).name][name]
+
+
+class TestOneSourceOfTruth:
+    """Every way of updating a parameter either reaches the save or is refused with a message saying how."""
+
+    def test_rebinding_an_attribute_not_named_like_the_parameter(self, tmp_path):
+        """self.weight = p.add("W") then self.weight = self.weight + 1 saves the new values."""
+        m = Renamed()
+        m.weight = m.weight + 1
+        assert np.all(saved_values(tmp_path, m, "W") == 1)
+        assert xser.params(m)["W"] is m.weight
+
+    def test_rebinding_inside_a_dict_and_a_list(self, tmp_path):
+        """Parameters kept in containers: rebinding the entry is picked up."""
+        m = InDict()
+        m.tensors["W"] = m.tensors["W"] + 2
+        m.layers[0] = m.layers[0] - 1
+        assert np.all(saved_values(tmp_path, m, "W") == 2)
+        assert np.all(saved_values(tmp_path, m, "b") == -1)
+
+    def test_setitem_updates_the_attribute_too(self, tmp_path):
+        """p["W"] = new with the README's component pattern: the attribute and the save both see the new array."""
+        lin = Linear(2, 3)
+        new = np.full((3, 2), 5, np.float32)
+        xser.params(lin)["W"] = new
+        assert lin.W is new
+        assert np.all(saved_values(tmp_path, lin, "W") == 5)
+
+    def test_in_place_updates(self, tmp_path):
+        """Updating in place never needs anything else."""
+        lin = Linear(2, 3)
+        lin.W -= 1.5
+        lin.b[...] = 7
+        assert np.all(saved_values(tmp_path, lin, "W") == xser.params(lin)["W"])
+        assert np.all(saved_values(tmp_path, lin, "b") == 7)
+
+    BAD = [
+        (lambda m: setattr(m, "weight", [0.0, 1.0, 2.0]), "param 'W': attribute .weight holds a list now, not the parameter's numpy array; update it in place (obj.weight[...] = new) or with xser.params(obj)['W'] = new"),
+        (lambda m: setattr(m, "weight", np.zeros(3, np.float64)), "param 'W': attribute .weight was rebound to (3,) float64, declared (3,) float32"),
+        (lambda m: setattr(m, "weight", 3.0), "param 'W': attribute .weight holds a float now, not the parameter's numpy array; update it in place (obj.weight[...] = new) or with xser.params(obj)['W'] = new"),
+    ]
+
+    @pytest.mark.parametrize("edit, message", BAD, ids=["list", "dtype", "float"])
+    def test_refused_rebindings(self, tmp_path, edit, message):
+        """Rebinding to something that is not an array of the declared shape and dtype is refused, naming the attribute."""
+        m = Renamed()
+        edit(m)
+        with pytest.raises(xser.DataError) as info:
+            xser.save(m, tmp_path / "m.yaml")
+        assert str(info.value) == f"{xser.params(m).name}: {message}"
+        assert not (tmp_path / "m.yaml").exists()
+
+    def test_two_different_new_values_are_refused(self, tmp_path):
+        """Two places holding different new arrays for one parameter: ambiguous, refused."""
+        m = Renamed()
+        m.alias = m.weight
+        xser.params(m).bind()
+        m.weight = m.weight + 1
+        m.alias = m.alias + 2
+        with pytest.raises(xser.DataError, match=r"param 'W': attribute \.weight and attribute \.alias hold different new values"):
+            xser.save(m, tmp_path / "m.yaml")
+
+    def test_foreign_array_type_is_refused(self, tmp_path):
+        """An array of another library (here a memoryview stands for a tensor) is refused, not silently skipped."""
+        m = Renamed()
+        m.weight = memoryview(np.ones(3, np.float32))
+        with pytest.raises(xser.DataError, match="attribute .weight holds a memoryview now"):
+            xser.save(m, tmp_path / "m.yaml")
+
+    def test_loaded_models_follow_the_same_rules(self, tmp_path):
+        """A loaded component records its places too: a rebinding after load is saved."""
+        path = tmp_path / "m.yaml"
+        xser.save(Renamed(), path)
+        m = xser.load(path)
+        m.weight = m.weight + 4
+        xser.save(m, path)
+        assert np.all(xser.load(path).weight == 4)
+
+    def test_repr_shows_what_is_held(self, tmp_path):
+        """repr of a partially loaded subcollection shows the rows held, not only the declaration."""
+        path = tmp_path / "m.yaml"
+        lin = Linear(4, 10)
+        xser.save(lin, path)
+        name = xser.params(lin).name
+        part = xser.load(path, rows={f"{name}/W": (2, 6)})
+        assert repr(xser.params(part)) == f"<Subcollection {name} {{W: (4, 4) float32 (rows 2:6 of (10, 4)), b: (10,) float32}}>"
+
+    def test_partial_model_cannot_be_saved(self, tmp_path):
+        """A model loaded with rows= refuses to be saved, and the source stays whole."""
+        path = tmp_path / "m.yaml"
+        lin = Linear(4, 10)
+        xser.save(lin, path)
+        name = xser.params(lin).name
+        part = xser.load(path, rows={f"{name}/W": (2, 6)})
+        with pytest.raises(xser.DataError) as info:
+            xser.save(part, path)
+        assert str(info.value) == (
+            f"{name}: param 'W' holds rows 2:6 of its 10 (the model was loaded with rows=); "
+            "a partial model cannot be saved: load it without rows= to save it"
+        )
+        assert np.array_equal(xser.load(path).W, lin.W)

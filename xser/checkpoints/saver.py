@@ -88,13 +88,19 @@ def _mismatch(new: dict, old: dict) -> str | None:
     return "differs"
 
 
-def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, Any]], fix: str) -> None:
+def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, Any]], total: int, saver: str) -> None:
+    """Refuse a model that no longer matches the checkpoints; the message offers the fix that keeps them first."""
     structure = snap.structure
     for ck, d in against:
         problem = _mismatch(structure, _disk_structure(d.subcollections))
         if problem is not None:
+            what = "the checkpoint" if total == 1 else f"all {total} checkpoints"
             raise CheckpointError(
-                f"the model no longer matches checkpoint {ck.path}: {problem}; to start a new model use {fix}", Location(path)
+                f"the model no longer matches checkpoint {ck.path}: {problem}. To continue the saved run, build the "
+                f"model from it (obj = xser.load({os.path.basename(path)!r}), with xser.load_training_state for the "
+                f"optimizer) and save that; to start a new model instead, {saver}(..., restart=True) replaces {what} "
+                "(they are removed only after the new model's first checkpoint is saved)",
+                Location(path),
             )
 
 
@@ -137,12 +143,12 @@ def save_locked(
             if policy is None:  # xser.save replaces slot 0; every other checkpoint stays and must match
                 newest = data_dir_of(path, 0)
                 against = [(c, d) for c, d in existing if os.path.abspath(c.path) != os.path.abspath(newest)]
-                _check_against(path, snap, against, "xser.CheckpointSaver(..., restart=True)")
+                _check_against(path, snap, against, len(existing), "xser.CheckpointSaver")
             else:
-                _check_against(path, snap, existing if check_all else existing[:1], "CheckpointSaver(..., restart=True)")
+                _check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
         previous = existing[0][1] if existing and not restart else None
         model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
-        if skip_duplicates and previous is not None and not options.blocks and not snap.formats:
+        if skip_duplicates and previous is not None and _same_meta(snap, previous) and not options.blocks and not snap.formats:
             if _disk_structure(previous.subcollections) == snap.structure and _same_bytes(snap, previous):
                 _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
                 return SaveReport(True, None, set_aside=aside)
@@ -165,6 +171,16 @@ def save_locked(
     spec_written = sync_spec(path, snap.spec_text, options.durable)
     return SaveReport(
         False, data_dir_of(path, 0), staging.written, staging.linked, tuple(drop), spec_written, staging.manifest["id"], aside
+    )
+
+
+def _same_meta(snap: Snapshot, previous: Any) -> bool:
+    """The save brings nothing new to record: same step, metrics, training and custom data, no training state."""
+    meta = previous.meta
+    return (
+        snap.state_arrays is None and previous.manifest.state is None
+        and all(snap.meta.get(k) == (meta.get(k) if meta.get(k) is not None else ({} if k != "step" else None))
+                for k in ("step", "metrics", "training", "custom"))
     )
 
 

@@ -127,6 +127,7 @@ class Builder:
         except NotFound as e:
             raise SpecError(f"!LoadSerialized: path {args.get('path')!r} not found in {fname}: {e.why}", loc) from None
         new = inline(resolver, canon, path)
+        _refuse_loads(new, self.doc)
         names = self.mark_origin(new, store)
         dedupe_ids(new, outer_ids)
         overwrite = args.get("overwrite", [])
@@ -184,6 +185,7 @@ class Builder:
             values.update(placeholders or {})
             tree = substitute(tree, values, self.doc, Location(self.spec.file))
         else:
+            _refuse_loads(tree, self.doc)  # a saved spec never makes a load read another file
             store = self.store(self.spec.data)
             store.prefetch(self.mark_origin(tree, store))
         outer = Resolver(tree, self.doc)
@@ -310,6 +312,17 @@ class Builder:
             if not isinstance(args, dict):
                 raise SpecError(f"{info.tag}: migrate must return a dict of arguments, got {type(args).__name__}", here)
         return args
+
+
+def _refuse_loads(tree: Any, doc: Doc) -> None:
+    """A saved spec holds only components and values: ``!LoadSerialized`` there is refused, with its line."""
+    for node in iter_tagged(tree):
+        if node.tag == "!LoadSerialized":
+            raise SpecError(
+                "!LoadSerialized is not allowed in a saved model: a saved spec holds only components and values, "
+                "and loading it never reads another file",
+                doc.where(node),
+            )
 
 
 def _describe(value: Any) -> str:

@@ -122,6 +122,8 @@ class Subcollection:
         self._rng = rng
         self._decls: dict[str, ParamDecl] = {}
         self._arrays: dict[str, np.ndarray] = {}
+        self._places: dict[str, list[tuple]] = {}  # param -> where the owner keeps its array (see bind)
+        self._partial: dict[str, tuple[int, int]] = {}  # param -> rows held, for a model loaded with rows=
 
     def add(
         self,
@@ -157,6 +159,8 @@ class Subcollection:
                 raise RegistryError(f"{where}: unknown weight format {format!r} (known: {', '.join(sorted(FORMATS))})")
         if self._source is not None:
             arr = self._source.fetch(self.name, name, shape, dt)
+            if arr.shape != shape:  # a row range (load(rows=...)): this object holds part of the parameter
+                self._partial[name] = getattr(self._source, "rows_of", lambda n: (0, arr.shape[0]))(name)
         else:
             arr = self._initial(where, init, shape, dt)
         self._decls[name] = ParamDecl(name, shape, dt, bool(trainable), format)
@@ -182,17 +186,32 @@ class Subcollection:
         return self._arrays[name]
 
     def __setitem__(self, name: str, value: Any) -> None:
-        """Replace a declared parameter's array (same shape and dtype)."""
+        """Replace a declared parameter's array (same shape and dtype); the places that held the old one now hold it."""
         decl = self._decls.get(name)
         if decl is None:
             raise KeyError(f"{self.name} has no parameter {name!r} (declared: {', '.join(self._decls) or 'none'})")
-        arr = np.asarray(value)
-        if arr.shape != decl.shape or arr.dtype != decl.dtype:
+        if not isinstance(value, np.ndarray):
             raise DataError(
-                f"param {name!r}: new value is {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                f"param {name!r}: a parameter's value is a numpy array, got {type(value).__module__}.{type(value).__qualname__}",
                 Location(path=self.name),
             )
-        self._arrays[name] = arr
+        if value.shape != decl.shape or value.dtype != decl.dtype:
+            raise DataError(
+                f"param {name!r}: new value is {shape_str(value.shape)} {value.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                Location(path=self.name),
+            )
+        for place in self._places.get(name, []):
+            _put(self._owner, place, value)
+        self._arrays[name] = value
+        self._partial.pop(name, None)
+        self._places[name] = [p for p in self._places.get(name, []) if _get(self._owner, p) is value]
+
+    def bind(self) -> None:
+        """Remember where the owner keeps each parameter's array: attributes, and values of a dict or
+        list held in an attribute. Called when the component's constructor returns."""
+        owned = getattr(self._owner, "__dict__", {})
+        for name, arr in self._arrays.items():
+            self._places[name] = [p for p in _places_of(owned) if _get(self._owner, p) is arr]
 
     def __contains__(self, name: object) -> bool:
         return name in self._decls
@@ -207,36 +226,118 @@ class Subcollection:
     def decls(self) -> dict[str, ParamDecl]:
         return dict(self._decls)
 
+    @property
+    def partial(self) -> dict[str, tuple[int, int]]:
+        """Parameters of which this object holds only some rows (loaded with ``rows=``): name -> (first, stop)."""
+        return dict(self._partial)
+
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self._arrays.items())
 
     def current(self) -> dict[str, tuple[np.ndarray, bool]]:
-        """The arrays to save, ``{name: (array, trainable)}``.
+        """The arrays to save, ``{name: (array, trainable)}``: the one source of truth, checked.
 
-        If the owner has an attribute named like a parameter that now holds a *different*
-        array of the declared shape and dtype (``self.W = self.W - lr * g``), that array is
-        adopted: it is what the user sees as the parameter. A rebinding to a different
-        shape or dtype is an error rather than a silent save of the stale array.
+        A parameter's value is the array ``add`` returned (or the last one given to ``p[name] =``).
+        If a place where the owner kept it (an attribute, or a dict or list in an attribute) now
+        holds a *new* numpy array of the declared shape and dtype (``self.W = self.W - lr * g``),
+        that array is adopted. Anything else there (another type, shape or dtype, or two different
+        new arrays) is a ``DataError`` that names the place and says how to update the parameter.
+        A parameter held only in part (``load(rows=...)``) cannot be saved.
         """
-        owned = getattr(self._owner, "__dict__", {})
         out = {}
         for name, decl in self._decls.items():
+            if name in self._partial:
+                first, stop = self._partial[name]
+                raise DataError(
+                    f"param {name!r} holds rows {first}:{stop} of its {decl.shape[0]} (the model was loaded with rows=); "
+                    "a partial model cannot be saved: load it without rows= to save it",
+                    Location(path=self.name),
+                )
             arr = self._arrays[name]
-            attr = owned.get(name)
-            if isinstance(attr, np.ndarray) and attr is not arr:
-                if attr.shape != decl.shape or attr.dtype != decl.dtype:
+            changed = {}
+            for place in self._places.get(name, []):
+                now = _get(self._owner, place, _GONE)
+                if now is not arr and now is not _GONE:
+                    changed.setdefault(id(now), (place, now))
+            if changed:
+                place, now = next(iter(changed.values()))
+                where = _show(place)
+                how = f"update it in place (obj{where[len('attribute '):]}[...] = new) or with xser.params(obj)[{name!r}] = new"
+                if len(changed) > 1:
+                    shown = " and ".join(_show(p) for p, _ in changed.values())
+                    raise DataError(f"param {name!r}: {shown} hold different new values; {how}", Location(path=self.name))
+                if not isinstance(now, np.ndarray):
+                    kind = f"{type(now).__module__}.{type(now).__qualname__}".replace("builtins.", "")
                     raise DataError(
-                        f"param {name!r}: attribute .{name} was rebound to {shape_str(attr.shape)} {attr.dtype}, "
+                        f"param {name!r}: {where} holds a {kind} now, not the parameter's numpy array; {how}",
+                        Location(path=self.name),
+                    )
+                if now.shape != decl.shape or now.dtype != decl.dtype:
+                    raise DataError(
+                        f"param {name!r}: {where} was rebound to {shape_str(now.shape)} {now.dtype}, "
                         f"declared {shape_str(decl.shape)} {decl.dtype}",
                         Location(path=self.name),
                     )
-                self._arrays[name] = arr = attr
+                self._arrays[name] = arr = now
+                self._places[name] = [p for p in self._places[name] if _get(self._owner, p, _GONE) is now]
+            if arr.shape != decl.shape or arr.dtype != decl.dtype:
+                raise DataError(
+                    f"param {name!r} holds {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                    Location(path=self.name),
+                )
             out[name] = (arr, decl.trainable)
         return out
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{n}: {shape_str(d.shape)} {d.dtype}" for n, d in self._decls.items())
-        return f"<Subcollection {self.name} {{{inner}}}>"
+        parts = []
+        for n, d in self._decls.items():
+            a = self._arrays[n]
+            text = f"{n}: {shape_str(a.shape)} {a.dtype}"
+            if n in self._partial:
+                text += f" (rows {self._partial[n][0]}:{self._partial[n][1]} of {shape_str(d.shape)})"
+            elif a.shape != d.shape or a.dtype != d.dtype:
+                text += f" (declared {shape_str(d.shape)} {d.dtype})"
+            parts.append(text)
+        return f"<Subcollection {self.name} {{{', '.join(parts)}}}>"
+
+
+_GONE = object()
+
+
+def _places_of(owned: dict) -> Iterator[tuple]:
+    """Every place one level into the owner's attributes: ("attr", a), ("item", a, key or index)."""
+    for attr, value in list(owned.items()):
+        if attr.startswith("_xser_"):
+            continue
+        yield ("attr", attr)
+        if isinstance(value, dict):
+            for key in list(value):
+                yield ("item", attr, key)
+        elif isinstance(value, (list, tuple)):
+            for i in range(len(value)):
+                yield ("item", attr, i)
+
+
+def _get(owner: Any, place: tuple, default: Any = None) -> Any:
+    value = getattr(owner, "__dict__", {}).get(place[1], default)
+    if place[0] == "attr" or value is default:
+        return value
+    try:
+        return value[place[2]]
+    except (KeyError, IndexError, TypeError):
+        return default
+
+
+def _put(owner: Any, place: tuple, new: Any) -> None:
+    d = getattr(owner, "__dict__", {})
+    if place[0] == "attr":
+        d[place[1]] = new
+    elif isinstance(d.get(place[1]), (dict, list)):
+        d[place[1]][place[2]] = new
+
+
+def _show(place: tuple) -> str:
+    return f"attribute .{place[1]}" if place[0] == "attr" else f"attribute .{place[1]}[{place[2]!r}]"
 
 
 def fresh_name(cls: type) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -90,6 +92,7 @@ def serializable(
             cls = attrs.define(cls, slots=False, eq=False)
         elif "__slots__" in cls.__dict__:
             raise RegistryError(f"{_qualname(cls)}: attrs classes must use slots=False (xser keeps bookkeeping on the instance)")
+        _bind_after_init(cls)
         for f in attrs.fields(cls):
             if f.name in RESERVED_KEYS or f.alias in RESERVED_KEYS:
                 raise RegistryError(f"{_qualname(cls)}: field name {f.name!r} is reserved by xser")
@@ -105,6 +108,25 @@ def serializable(
         return cls
 
     return wrap if cls is None else wrap(cls)
+
+
+def _bind_after_init(cls: type) -> None:
+    """Wrap ``cls.__init__`` so that, when a component is built, its subcollection records where
+    the object keeps each parameter's array (``Subcollection.bind``): the next save can then tell
+    an in-place update from a rebinding."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_xser_binds", False):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        sub = self.__dict__.get("_xser_params")
+        if sub is not None:
+            sub.bind()
+
+    __init__._xser_binds = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
 
 
 def lookup(tag: str, location: Any = None) -> ComponentInfo:

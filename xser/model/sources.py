@@ -114,3 +114,8 @@ class _Source:
 
     def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
+
+    def rows_of(self, name: str) -> tuple[int, int] | None:
+        """The row range this build loads of a parameter (``load(rows=...)``), if any."""
+        rows = self.origin.store.rows.get(f"{self.origin.stored_name}/{name}")
+        return None if rows is None else (int(rows[0]), int(rows[1]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -24,6 +25,9 @@ __all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "p
 
 #: Upper bound on nodes produced from one document (guards against alias bombs).
 MAX_NODES = 2_000_000
+#: Upper bound on the size of a spec file, and on how deeply it may nest.
+MAX_SPEC_BYTES = 256 << 20
+MAX_DEPTH = 200
 _STD = "tag:yaml.org,2002:"
 _SCALAR_TAGS = {_STD + t for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")}
 _MERGE = _STD + "merge"
@@ -189,6 +193,8 @@ class _Converter:
             raise self._bad_tag(node)
         if id(node) in self.active:
             raise SpecError("recursive alias: a node contains itself", _loc(self.file, node))
+        if len(self.active) >= MAX_DEPTH:
+            raise SpecError(f"nested more than {MAX_DEPTH} levels deep", _loc(self.file, node))
         self.active.add(id(node))
         try:
             if isinstance(node, SequenceNode):
@@ -276,7 +282,7 @@ def _compose(text: str, fname: str | None) -> tuple[Any, YAML]:
         y = _yaml(True)
         try:
             return y.compose(text), y
-        except YAMLError:
+        except (YAMLError, RecursionError):
             pass  # parse again below: the pure parser words syntax errors as the tests pin them
     y = _yaml(False)
     try:
@@ -285,6 +291,8 @@ def _compose(text: str, fname: str | None) -> tuple[Any, YAML]:
         raise _yaml_error(e, fname) from None
     except YAMLError as e:
         raise SpecError(f"YAML error: {e}", Location(fname)) from None
+    except RecursionError:
+        raise SpecError(f"nested more than {MAX_DEPTH} levels deep", Location(fname)) from None
 
 
 def parse(text: str, file: str | os.PathLike | None = None) -> Doc:
@@ -301,12 +309,24 @@ def read(path: str | os.PathLike) -> Doc:
     """Read and parse a YAML file; I/O and encoding problems are ``SpecError``s."""
     fname = os.fspath(path)
     try:
-        with open(fname, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(fname, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SpecError("file not found", Location(fname)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"cannot read file: {e}", Location(fname)) from None
+    except OSError as e:
+        raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SpecError("not a regular file (a spec is read from a regular file only)", Location(fname))
+            if st.st_size > MAX_SPEC_BYTES:
+                raise SpecError(f"file has {st.st_size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
+            raw = f.read(MAX_SPEC_BYTES + 1)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"cannot read file: not UTF-8 ({e.reason} at byte {e.start})", Location(fname)) from None
+    except OSError as e:
+        raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
     return parse(text, fname)
 
 

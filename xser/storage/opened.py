@@ -38,7 +38,8 @@ from .pool import pool
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather"]
 
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: opening a FIFO planted in a data directory must not wait for a writer (it is then refused)
+_O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
 
 
@@ -409,9 +410,14 @@ def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise DataError("manifest.json is a symbolic link (never followed)", Location(where)) from None
         raise DataError(f"cannot read manifest: {e.strerror or e}", Location(where)) from None
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError("manifest.json is not a regular file", Location(where))
+        size = st.st_size
         if size > MAX_MANIFEST:
             raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
         return f.read(MAX_MANIFEST + 1)
