@@ -260,3 +260,21 @@ class TestOneCheckpointEach:
         assert [c.step for c in xser.checkpoints(path)] == [2, 1]
         average(path, tmp_path / "avg.yaml")
         assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 2.0)
+
+
+class TestIdenticalBits:
+    def test_signalling_nan_payloads_and_float32_extremes(self, tmp_path):
+        """Identical checkpoints average to the identical bits: NaN payloads (signalling ones too) and -FLT_MAX
+        with a float32 accumulator (whose sum would overflow to -inf)."""
+        path = str(tmp_path / "m.yaml")
+        x = np.array([np.finfo(np.float32).min, np.finfo(np.float32).max, 1.0, -0.0], np.float32)
+        nans = np.array([0x7F800001, 0xFFA00005, 0x7FC0BEEF, 0x3F800000], np.uint32).view(np.float32)  # sNaN, -sNaN, qNaN payload, 1.0
+        leaf = leaf_of({"x": x, "nans": nans})
+        with xser.CheckpointSaver(path, keep=5) as saver:
+            for step in range(3):
+                saver.save(leaf, step=step)  # same arrays, new steps: three checkpoints, hard-linked
+        for acc in ("float64", "float32"):
+            average(path, tmp_path / f"{acc}.yaml", accumulate=acc)
+            (sub,) = xser.read_params(tmp_path / f"{acc}.yaml").values()
+            assert sub["x"].view(np.uint32).tolist() == x.view(np.uint32).tolist()
+            assert sub["nans"].view(np.uint32).tolist() == nans.view(np.uint32).tolist()

@@ -121,3 +121,20 @@ def test_tools_keep_unknown_tags(tmp_path, run):
     assert Path(tmp_path / "e.yaml").read_text().count("!SomebodyElsesModel") == 2
     average(path, tmp_path / "a.yaml")
     assert Path(tmp_path / "a.yaml").read_text() == text
+
+
+def test_published_files_are_read_only(tmp_path, run):
+    """Every file of a checkpoint is mode 0444: a converted model's hard links cannot be written through by accident."""
+    path, _ = run
+    convert(path, tmp_path / "c.yaml")
+    for d in (path + ".data", str(tmp_path / "c.yaml.data")):
+        for root, _, files in os.walk(d):
+            for f in files:
+                assert os.stat(os.path.join(root, f)).st_mode & 0o777 == 0o444, (root, f)
+    from xser.tools.inspect import open_model
+
+    view = open_model(tmp_path / "c.yaml")
+    try:
+        assert any("links: shared with other checkpoints or models" in line for line in view.lines())
+    finally:
+        view.data.close()

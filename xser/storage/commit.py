@@ -28,7 +28,7 @@ from .fsutil import fsync_dir, makedirs_durable, os_error
 from .layout import OLD_MARK, leftovers, temp_name
 from .manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
 from .plan import Plan
-from .write import WriteResult
+from .write import READ_ONLY, WriteResult
 
 __all__ = [
     "Staging",
@@ -120,6 +120,7 @@ def finish(
     try:
         with open(path, "x", encoding="utf-8") as f:
             f.write(render_manifest(manifest))
+            os.fchmod(f.fileno(), READ_ONLY)
             if staging.durable:
                 f.flush()
                 os.fsync(f.fileno())

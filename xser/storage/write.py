@@ -26,7 +26,7 @@ from .payloads import FromFile, Stream
 from .plan import Piece, Plan
 from .pool import run_all
 
-__all__ = ["WRITERS", "WriteResult", "link_or_copy", "write"]
+__all__ = ["READ_ONLY", "WRITERS", "WriteResult", "link_or_copy", "read_only", "write"]
 
 
 @attrs.frozen
@@ -94,6 +94,15 @@ WRITERS: dict[type, Callable[[str, Piece, bool], WriteResult]] = {
 }
 
 
+READ_ONLY = 0o444
+
+
+def read_only(path: str) -> None:
+    """Published files are never modified: make that the file's mode too (a hard link shares it)."""
+    if os.stat(path).st_mode & 0o777 != READ_ONLY:
+        os.chmod(path, READ_ONLY)
+
+
 def _link(source: Any, rel: str, dst: str) -> bool:
     """Hard-link ``rel`` of an opened directory to ``dst`` (no symbolic link followed); False if impossible."""
     head, _, leaf = rel.rpartition("/")
@@ -134,7 +143,9 @@ def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[
         if writer is None:
             raise DataError(f"cannot save a {type(piece.payload).__name__} (numpy arrays only)", Location(path))
         try:
-            return writer(path, piece, durable)
+            result = writer(path, piece, durable)
+            read_only(path)
+            return result
         except OSError as e:
             raise os_error(e, "cannot write data directory", path) from None
 

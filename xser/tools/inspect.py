@@ -61,6 +61,14 @@ class ModelView:
         for k, v in children(node):
             self._walk(v, path + (k,))
 
+    def links(self, rel: str) -> int:
+        """How many directory entries share the file (hard links between checkpoints and converted models)."""
+        try:
+            with self.data.open_file(rel) as f:
+                return os.fstat(f.fileno()).st_nlink
+        except Exception:  # noqa: BLE001 - a listing must not fail on one unreadable file
+            return 1
+
     @property
     def spec_subcols(self) -> dict[str, str]:
         return {
@@ -117,6 +125,9 @@ class ModelView:
                 if len(e.blocks) > 1:
                     flag += f"  ({len(e.blocks)} blocks)"
                 size = sum(b.bytes for b in e.blocks)
+                links = self.links(e.blocks[0].file)
+                if links > 1:
+                    flag += f"  ({links} links: shared with other checkpoints or models)"
                 out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {size:>12,} B{flag}")
         if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
             out.append("")
