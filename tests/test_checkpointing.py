@@ -276,7 +276,7 @@ class TestStructure:
         """Bad policies are refused early."""
         with pytest.raises(xser.CheckpointError, match="keep must be an int >= 1 or a policy"):
             xser.CheckpointSaver("unused.yaml", keep=0)
-        with pytest.raises(ValueError):
+        with pytest.raises(xser.CheckpointError, match="mode must be"):
             KeepBest(1, "bleu", mode="maximum")
 
     def test_bad_step_and_metrics(self, tmp_path):
@@ -499,3 +499,43 @@ class TestPlan:
                 assert len(kept) <= max(bound, 1)
             again = [Checkpoint(i, c.path, c.step, c.created, c.metrics) for i, c in enumerate(ckpts[j] for j in kept)]
             assert plan(again, policy) == list(range(len(again)))
+
+
+class TestContract:
+    def test_removed_steps_are_reported(self, tmp_path):
+        """SaveReport names the pruned checkpoints by step too (directory names shift during rotation)."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with xser.CheckpointSaver(path, keep=2) as saver:
+            reports = []
+            for step in (1, 2, 3):
+                lin.W[...] = step
+                reports.append(saver.save(lin, step=step))
+        assert [r.removed_steps for r in reports] == [(), (), (1,)]
+
+    def test_bad_policy_arguments_are_checkpoint_errors(self):
+        """Invalid policy arguments are CheckpointErrors naming the argument, not attrs' ValueError."""
+        with pytest.raises(xser.CheckpointError, match="KeepBest: mode must be 'max' or 'min', got 'best'"):
+            KeepBest(2, "bleu", mode="best")
+        with pytest.raises(xser.CheckpointError, match="KeepLast: n must be an int >= 0, got -1"):
+            KeepLast(-1)
+        with pytest.raises(xser.CheckpointError, match="KeepEvery: k must be an int >= 1, got 0"):
+            KeepEvery(0)
+
+    def test_unknown_and_nan_metrics_are_said_once(self, tmp_path, caplog):
+        """A KeepBest metric a save does not report, or reports as NaN, is logged once each."""
+        import logging
+
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        with caplog.at_level(logging.WARNING, logger="xser"):
+            with xser.CheckpointSaver(path, keep=KeepBest(1, "bleu")) as saver:
+                for step in (1, 2):
+                    lin.W[...] = step
+                    saver.save(lin, step=step, metrics={"blue": 1.0})
+                for step in (3, 4):
+                    lin.W[...] = step
+                    saver.save(lin, step=step, metrics={"bleu": float("nan")})
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("reports no such metric (reported: blue)" in m for m in messages) == 1
+        assert sum("metric 'bleu' is NaN" in m for m in messages) == 1

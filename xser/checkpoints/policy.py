@@ -42,6 +42,21 @@ def best_n(ckpts: Sequence[Checkpoint], n: int, metric: str, mode: str = "max") 
     return sorted(i for _, i in scored[:n])
 
 
+def _count(self: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (1 if attribute.name == "k" else 0):
+        raise CheckpointError(f"{type(self).__name__}: {attribute.name} must be an int >= {1 if attribute.name == 'k' else 0}, got {value!r}")
+
+
+def _metric(self: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise CheckpointError(f"{type(self).__name__}: metric must be a non-empty string, got {value!r}")
+
+
+def _mode(self: Any, attribute: Any, value: Any) -> None:
+    if value not in ("max", "min"):
+        raise CheckpointError(f"{type(self).__name__}: mode must be 'max' or 'min', got {value!r}")
+
+
 class _Combinable:
     def __or__(self, other: Policy) -> AnyOf:
         return AnyOf((self, other))
@@ -51,7 +66,7 @@ class _Combinable:
 class KeepLast(_Combinable):
     """Keep the newest ``n``."""
 
-    n: int = attrs.field(validator=attrs.validators.ge(0))
+    n: int = attrs.field(validator=_count)
 
     def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
         return set(range(min(self.n, len(ckpts))))
@@ -61,9 +76,9 @@ class KeepLast(_Combinable):
 class KeepBest(_Combinable):
     """Keep the ``n`` best by ``metric`` (``mode="max"`` or ``"min"``); ties go to the newer; NaN never counts."""
 
-    n: int = attrs.field(validator=attrs.validators.ge(0))
-    metric: str = attrs.field(validator=attrs.validators.instance_of(str))
-    mode: str = attrs.field(default="max", validator=attrs.validators.in_(("max", "min")))
+    n: int = attrs.field(validator=_count)
+    metric: str = attrs.field(validator=_metric)
+    mode: str = attrs.field(default="max", validator=_mode)
 
     def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
         return set(best_n(ckpts, self.n, self.metric, self.mode))
@@ -73,7 +88,7 @@ class KeepBest(_Combinable):
 class KeepEvery(_Combinable):
     """Keep every checkpoint whose step is a multiple of ``k``."""
 
-    k: int = attrs.field(validator=attrs.validators.ge(1))
+    k: int = attrs.field(validator=_count)
 
     def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
         return {i for i, c in enumerate(ckpts) if isinstance(c.step, int) and c.step % self.k == 0}
@@ -90,6 +105,15 @@ class AnyOf(_Combinable):
         for p in self.policies:
             out |= p.keep(ckpts)
         return out
+
+
+def metrics_of(policy: Any) -> list[tuple[str, str]]:
+    """(metric, mode) of every ``KeepBest`` inside a policy."""
+    if isinstance(policy, KeepBest):
+        return [(policy.metric, policy.mode)]
+    if isinstance(policy, AnyOf):
+        return [m for p in policy.policies for m in metrics_of(p)]
+    return []
 
 
 def retain(ckpts: Sequence[Checkpoint], policy: Policy) -> list[int]:

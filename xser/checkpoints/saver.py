@@ -25,7 +25,7 @@ from ..storage.lock import ModelLock
 from ..storage.manifest import ParamEntry
 from ..storage.plan import plan_save
 from ..storage.write import write
-from .policy import Policy, as_policy, retain
+from .policy import Policy, as_policy, metrics_of, retain
 from .publish import publish_new_model, recover, replace_newest, rotate, sync_spec
 from .snapshot import Snapshot, snapshot
 
@@ -60,6 +60,7 @@ class SaveReport:
     spec_written: bool = False  # the top-level spec file was (re)written
     id: str | None = None  # the new checkpoint's id
     set_aside: tuple[str, ...] = ()  # slots without a valid manifest, moved to <model>.data.damaged-*
+    removed_steps: tuple = ()  # the steps of the removed checkpoints (directory names change as others shift)
 
 
 def _disk_structure(entries: Mapping[str, Mapping[str, ParamEntry]]) -> dict:
@@ -168,9 +169,11 @@ def save_locked(
                 keep_dirs = [listed[i].path for i in kept if i > 0]
                 drop = [c.path for c, _ in existing if c.path not in keep_dirs]
                 rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
+            steps = tuple(c.step for c, _ in existing if c.path in drop)
     spec_written = sync_spec(path, snap.spec_text, options.durable)
     return SaveReport(
-        False, data_dir_of(path, 0), staging.written, staging.linked, tuple(drop), spec_written, staging.manifest["id"], aside
+        False, data_dir_of(path, 0), staging.written, staging.linked, tuple(drop), spec_written, staging.manifest["id"], aside,
+        steps,
     )
 
 
@@ -256,6 +259,7 @@ class CheckpointSaver:
         self.options = SaveOptions(durable, blocks, formats, threads)
         self.policy = as_policy(keep)
         self.restart = restart
+        self._warned: set[tuple[str, str]] = set()
         self._lock = ModelLock(self.path).acquire()
         self._checked = False
         try:
@@ -268,6 +272,19 @@ class CheckpointSaver:
     @property
     def durable(self) -> bool:
         return self.options.durable
+
+    def _warn_about_metrics(self, metrics: Mapping | None) -> None:
+        """A KeepBest metric that a save does not report, or reports as NaN, is said once (it never counts as best)."""
+        for metric, _ in metrics_of(self.policy):
+            value = (metrics or {}).get(metric)
+            if value is None and ("missing", metric) not in self._warned:
+                self._warned.add(("missing", metric))
+                known = ", ".join(sorted(metrics or {})) or "none"
+                _log.warning("%s: KeepBest(%r) but this save reports no such metric (reported: %s); it never counts as best",
+                             self.path, metric, known)
+            elif isinstance(value, float) and value != value and ("nan", metric) not in self._warned:
+                self._warned.add(("nan", metric))
+                _log.warning("%s: metric %r is NaN; a NaN never counts as best", self.path, metric)
 
     def close(self) -> None:
         self._lock.release()
@@ -297,6 +314,7 @@ class CheckpointSaver:
         """Publish ``obj`` as the newest checkpoint; shift and prune the older ones."""
         if not self._lock.held:
             raise CheckpointError("this CheckpointSaver is closed", Location(self.path))
+        self._warn_about_metrics(metrics)
         snap = snapshot(
             obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
             training_state_value=training_state, formats=self.options.formats,

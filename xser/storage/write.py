@@ -47,10 +47,54 @@ def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
         if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0]:
             if _link(source, block.file, path):
                 return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True)
-    size, digest = fmt.write(path, arr, known if piece.format == "npy" else None, **piece.options)
+    if piece.format == "npy":
+        size, digest = fmt.write(path, arr, known)
+    else:
+        try:
+            size, digest = fmt.write(path, arr, None, **piece.options)
+        except DataError:
+            raise
+        except (ValueError, ArithmeticError, TypeError) as e:  # a codec that cannot represent a value
+            raise DataError(f"format {piece.format!r} cannot store this array: {e}{_limits(fmt)}", Location(path)) from None
+        if not _lossy_on_purpose(piece.options):
+            _check_round_trip(fmt, path, arr, size, piece.format)
     if durable:
         fsync_file(path)
     return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
+
+
+def _lossy_on_purpose(options: dict) -> bool:
+    """Options that ask for fewer digits or fewer values (DiSMEC++'s precision and threshold) are the caller's choice."""
+    return options.get("precision") is not None or bool(options.get("threshold"))
+
+
+def _limits(fmt: Any) -> str:
+    limits = getattr(fmt, "limits", "")
+    return f" ({fmt.name} stores {limits})" if limits else ""
+
+
+def _check_round_trip(fmt: Any, path: str, arr: np.ndarray, size: int, name: str) -> None:
+    """Formats other than npy are read back at once: a value they cannot store exactly is refused now, not lost."""
+    try:
+        with open(path, "rb") as f:
+            back = fmt.read(f, path, arr.dtype, arr.shape, size, mmap=False, verify=None)
+    except DataError as e:
+        raise DataError(f"format {name!r} cannot store this array: reading it back fails ({e.message}){_limits(fmt)}", Location(path)) from None
+    a, b = np.ascontiguousarray(arr), np.ascontiguousarray(back)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise DataError(f"format {name!r} read back {b.dtype} {b.shape}, saved {a.dtype} {a.shape}{_limits(fmt)}", Location(path))
+    if a.size == 0:
+        return
+    fa, fb = a.reshape(-1).view(np.uint8).reshape(a.size, -1), b.reshape(-1).view(np.uint8).reshape(b.size, -1)
+    diff = np.flatnonzero((fa != fb).any(axis=1))
+    if diff.size:
+        i = int(diff[0])
+        index = tuple(int(x) for x in np.unravel_index(i, a.shape)) if a.shape else ()
+        raise DataError(
+            f"format {name!r} cannot store this array exactly: element {index} is {a.reshape(-1)[i]!r} "
+            f"and would read back as {b.reshape(-1)[i]!r}{_limits(fmt)}",
+            Location(path),
+        )
 
 
 def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:

@@ -7,7 +7,8 @@ angel``. Layouts from ``shared/research/formats.md`` section 2.
 from __future__ import annotations
 
 import struct
-from decimal import ROUND_HALF_EVEN, Decimal
+import math
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,12 @@ def java_string(x: float, is_float: bool) -> str:
 
 def _decimal6(x: float) -> str:
     """``DecimalFormat("#.######")``: at most 6 decimals, half-even, no exponent, '-0' kept."""
-    d = Decimal(repr(float(x))).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
+    if not math.isfinite(x):
+        raise ValueError(f"{x!r} has no #.###### form")
+    try:
+        d = Decimal(repr(float(x))).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
+    except InvalidOperation:
+        raise ValueError(f"{x!r} is too large for #.######") from None
     text = format(d, "f").rstrip("0").rstrip(".")
     return "-0" if text in ("-0", "-") or (text == "0" and d.is_signed()) else text
 

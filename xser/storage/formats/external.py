@@ -48,6 +48,8 @@ class _BytesFormat(DecodedWhole):
 
 
 class DynetText(_BytesFormat):
+    limits = "finite floating-point values that float32 holds exactly (DyNet reads every value as float32)"
+
     def encode(self, path: str, array: np.ndarray, **options: Any) -> bytes:
         if options or array.dtype.kind != "f" or array.ndim == 0:
             raise DataError(f"dynet-text stores float arrays with at least one dimension (no options), got {array.dtype} {shape_str(array.shape)}", Location(path))
@@ -63,6 +65,12 @@ class DynetText(_BytesFormat):
 
 
 class AngelFormat(_BytesFormat):
+    @property
+    def limits(self) -> str:
+        if self.name == "rowid-colid-value-text":
+            return "2-D float32 matrices exactly, and float64 only with finite values of at most 6 decimals (Angel's #.######)"
+        return "2-D float32 or float64 matrices"
+
     def encode(self, path: str, array: np.ndarray, sep: str = ",", **options: Any) -> bytes:
         if options:
             raise DataError(f"{self.name} takes only sep, got {sorted(options)}", Location(path))

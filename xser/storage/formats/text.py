@@ -145,6 +145,7 @@ def _check_float(array: np.ndarray, path: str, name: str) -> None:
 class _TextFormat:
     name = ""
     suffix = ".txt"
+    limits = "floating-point arrays; a NaN is written as nan (its sign kept, its payload not)"
 
     def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
         _check_float(array, path, self.name)
