@@ -169,3 +169,45 @@ class TestTools:
         out = capsys.readouterr().out
         assert "checkpoints: 4" in out and "  #  directory      step  created" in out
         assert main(["inspect", path, "--checkpoint", "3"]) == 0
+
+
+class TestCleanFailures:
+    """Paths that cannot be made or written are `error: ...` and exit 1, never a traceback."""
+
+    @pytest.fixture
+    def here(self, tmp_path, monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        xser.save(Linear(2, 3), "m.yaml")
+        Path("afile").write_text("x")
+        return tmp_path
+
+    @pytest.mark.parametrize("argv, message", [
+        (["avg", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
+        (["convert", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
+        (["demo", "afile"], "afile: cannot make the output directory: File exists"),
+        (["export", "xnmt", "m.yaml", "afile/out.mod"], "afile/out.mod.data: cannot write the export: Not a directory"),
+        (["avg", "m.yaml", "--out", "/proc/xser-test/x.yaml"], "cannot create"),
+    ])
+    def test_error_and_exit_1(self, here, capsys, argv, message):
+        """Each is one line on stderr with the path, and exit code 1."""
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+    def test_save_under_a_file(self, here):
+        """xser.save into a path under a file is a CheckpointError naming the file in the way."""
+        with pytest.raises(xser.CheckpointError, match="afile: cannot create the model's directory"):
+            xser.save(Linear(2, 3), "afile/m.yaml")
+
+    def test_debug_after_the_subcommand(self, here):
+        """--debug works after the subcommand too (the traceback is raised)."""
+        with pytest.raises(xser.XserError):
+            main(["inspect", "missing.yaml", "--debug"])
+
+    def test_export_of_a_scalar_to_xnmt_is_refused(self, here, capsys):
+        """A 0-d or integer parameter (a counter) cannot go to DyNet: refused with the reason, nothing half-written."""
+        from components import Norm
+
+        xser.save(Norm(3), "n.yaml")
+        assert main(["export", "xnmt", "n.yaml", "out.mod"]) == 1
+        assert "DyNet (XNMT) holds float32 arrays of at least one dimension" in capsys.readouterr().err

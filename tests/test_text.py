@@ -227,3 +227,34 @@ class TestOptionsAndPlugins:
         xser.save(lin, tmp_path / "m.yaml", formats={"*/W": "plugged"})
         assert np.array_equal(xser.load(tmp_path / "m.yaml").W, lin.W)
         assert (tmp_path / "m.yaml.data" / xser.params(lin).name / "W.plug").exists()
+
+
+class TestRoundTripOrRefuse:
+    """Every format either gives back every value it accepts, bit for bit, or refuses it at save time."""
+
+    CASES = [
+        ("dynet-text", np.float32, np.nan, "reading it back fails"),
+        ("dynet-text", np.float32, np.inf, "reading it back fails"),
+        ("dynet-text", np.float64, 0.1, "element (0, 0) is np.float64(0.1) and would read back as"),
+        ("rowid-colid-value-text", np.float64, np.inf, "inf has no #.###### form"),
+        ("rowid-colid-value-text", np.float64, 1e22, "1e+22 is too large for #.######"),
+        ("rowid-colid-value-text", np.float64, 0.1234567, "element (0, 0) is np.float64(0.1234567)"),
+    ]
+
+    @pytest.mark.parametrize("fmt, dtype, value, message", CASES)
+    def test_refused_with_the_limits(self, tmp_path, fmt, dtype, value, message):
+        """What a format cannot hold is refused before anything is published, naming the value and the limits."""
+        x = np.array([[value, 1.0]], dtype)
+        with pytest.raises(xser.DataError) as info:
+            xser.save(leaf_of({"x": x}), tmp_path / "m.yaml", formats={"*": fmt})
+        assert message in str(info.value) and f"({fmt} stores " in str(info.value)
+        assert not (tmp_path / "m.yaml").exists()
+
+    @pytest.mark.parametrize("fmt", ["dynet-text", "rowid-colid-value-text", "colid-value-text", "binary-column"])
+    def test_what_is_accepted_comes_back(self, tmp_path, fmt):
+        """Values inside the limits round-trip exactly (float32, signed zeros, extremes)."""
+        f32 = np.finfo(np.float32)
+        x = np.array([[f32.max, f32.min, f32.tiny, -0.0], [1e-45, 3.0, -2.5, 0.1]], np.float32)
+        xser.save(leaf_of({"x": x}), tmp_path / "m.yaml", formats={"*": fmt})
+        (sub,) = xser.read_params(tmp_path / "m.yaml").values()
+        assert sub["x"].view(np.uint32).tolist() == x.view(np.uint32).tolist()

@@ -272,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_args, func) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
         add_args(p)
         p.set_defaults(func=func)
     return ap
@@ -297,6 +298,12 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a path the command was given cannot be made or written (a file in the way, /proc, ...)
+        if args.debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -165,6 +165,10 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
     if name not in experiments:
         raise xser.SpecError(f"no experiment {name!r} in {config} (has: {', '.join(experiments)})")
     outdir = os.path.abspath(outdir)
+    try:
+        os.makedirs(outdir, exist_ok=True)
+    except OSError as e:
+        raise xser.CheckpointError(f"cannot make the output directory: {e.strerror or e}", xser.Location(e.filename or outdir)) from None
     exp = xser.build(experiments[name], placeholders={"OUT": outdir}, seed=0)
     data, model, trainer = exp["data"], exp["model"], exp["train"]
     (xtr, ytr), (xte, yte) = data.splits()

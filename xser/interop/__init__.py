@@ -6,11 +6,29 @@ The top layer beside ``tools``: may import everything below the CLI. The codecs 
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def writes_files(fn: F) -> F:
+    """An exporter's OS failures (a read-only or missing directory, a file in the way) as ``DataError``s."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as e:
+            raise DataError(f"cannot write the export: {e.strerror or e}", Location(e.filename if isinstance(e.filename, str) else None)) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def read_param(model: str | os.PathLike, param: str, checkpoint: int = 0) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from . import writes_files
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -48,6 +49,7 @@ def _jettison(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).replace("/", "\\/")
 
 
+@writes_files
 def export_angel(
     model: str | os.PathLike,
     param: str,

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from . import writes_files
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -231,6 +232,7 @@ def _split(labels: int, split_files: int) -> list[tuple[int, int]]:
     return ranges
 
 
+@writes_files
 def export_dismec(
     model: str | os.PathLike,
     param: str,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import writes_files
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse, read
 from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
@@ -100,6 +101,7 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     return dirs
 
 
+@writes_files
 def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool = False) -> list[str]:
     """Write ``out`` (XNMT's YAML) and ``out.data[.N]`` (DyNet text) for every checkpoint of ``model``.
 
@@ -129,6 +131,13 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
             os.makedirs(target, exist_ok=True)
             for sub, params in data.subcollections.items():
                 arrays = {n: data.read(e) for n, e in params.items()}
+                for n, a in arrays.items():
+                    if a.ndim == 0 or a.dtype.kind != "f" or not np.array_equal(a.astype(np.float32).astype(a.dtype), a, equal_nan=True):
+                        raise DataError(
+                            f"{sub}/{n} is {a.dtype} of shape {tuple(a.shape)}: DyNet (XNMT) holds float32 arrays of at least "
+                            "one dimension, so it cannot be exported without changing it",
+                            Location(data.path),
+                        )
                 records = layout.get(sub)
                 if records is None or {r["name"] for r in records} != set(arrays):
                     # not imported from XNMT (or changed since): plain parameters, in declaration order

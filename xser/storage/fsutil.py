@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from ..errors import DataError, Location
@@ -31,6 +32,8 @@ def makedirs_durable(path: str, *, durable: bool) -> None:
     missing = []
     p = path
     while not os.path.isdir(p):
+        if os.path.lexists(p):
+            raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a directory", p)
         missing.append(p)
         parent = os.path.dirname(p)
         if parent == p:

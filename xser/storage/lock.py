@@ -45,7 +45,7 @@ class ModelLock:
         try:
             makedirs_durable(os.path.dirname(self.path), durable=True)  # rare: only directories it creates
         except OSError as e:
-            raise CheckpointError(f"cannot create the model's directory: {e.strerror or e}", Location(self.path)) from None
+            raise CheckpointError(f"cannot create the model's directory: {e.strerror or e}", Location(e.filename or self.path)) from None
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
