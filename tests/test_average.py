@@ -278,3 +278,35 @@ class TestIdenticalBits:
             (sub,) = xser.read_params(tmp_path / f"{acc}.yaml").values()
             assert sub["x"].view(np.uint32).tolist() == x.view(np.uint32).tolist()
             assert sub["nans"].view(np.uint32).tolist() == nans.view(np.uint32).tolist()
+
+
+class TestToolsVerify:
+    def corrupt(self, path, name, param="W"):
+        f = Path(path) / name / f"{param}.npy"
+        data = bytearray(f.read_bytes())
+        os.unlink(f)  # hard links: replace the file, never write into it
+        data[-1] ^= 1
+        f.write_bytes(bytes(data))
+        return f
+
+    def test_avg_refuses_a_corrupt_input(self, tmp_path):
+        """A flipped bit in an averaged checkpoint is a checksum error; nothing is written."""
+        path, m = run_of(tmp_path, [1.0, 2.0])
+        self.corrupt(path + ".data.1", xser.params(m.encoder).name)
+        with pytest.raises(xser.DataError, match="checksum mismatch"):
+            average(path, tmp_path / "avg.yaml")
+        assert not os.path.exists(tmp_path / "avg.yaml")
+        average(path, tmp_path / "avg.yaml", verify=False)  # asked for: no check
+
+    def test_convert_and_ensemble_refuse_a_corrupt_input(self, tmp_path):
+        """Linking is no excuse: convert and ensemble check the files they link."""
+        from xser.tools.convert import convert
+        from xser.tools.ensemble import ensemble
+
+        path, m = run_of(tmp_path, [1.0])
+        self.corrupt(path + ".data", xser.params(m.decoder).name, "running_mean")
+        with pytest.raises(xser.DataError, match="checksum mismatch"):
+            convert(path, tmp_path / "c.yaml")
+        with pytest.raises(xser.DataError, match="checksum mismatch"):
+            ensemble([path], tmp_path / "e.yaml")
+        assert not os.path.exists(tmp_path / "c.yaml") and not os.path.exists(tmp_path / "e.yaml")

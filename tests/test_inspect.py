@@ -3,6 +3,7 @@
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import xser
@@ -99,4 +100,18 @@ def test_verify_every_checkpoint(tmp_path):
     data[-1] ^= 1
     f.write_bytes(bytes(data))
     with pytest.raises(xser.DataError, match=r"m.yaml.data.2/.*W.npy: checksum mismatch"):
+        verify_model(path)
+
+
+def test_verify_checks_training_state(tmp_path):
+    """--verify reads the training-state files too."""
+    path = str(tmp_path / "m.yaml")
+    with xser.CheckpointSaver(path, keep=2) as saver:
+        saver.save(Linear(2, 2), step=1, training_state={"m": np.arange(4.0)})
+    f = Path(path + ".data/training_state/0.npy")
+    data = bytearray(f.read_bytes())
+    os.unlink(f)
+    data[-1] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(xser.DataError, match=r"training_state/0.npy: checksum mismatch"):
         verify_model(path)

@@ -87,6 +87,7 @@ def cmd_avg(args: argparse.Namespace) -> int:
         report = average(
             args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
             mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=start,
+            verify=not args.no_verify,
         )
     finally:
         for bar in bars:
@@ -109,7 +110,7 @@ def cmd_avg(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from .tools.convert import convert, convert_all
 
-    kw = dict(keep_training_state=args.keep_training_state, force=args.force)
+    kw = dict(keep_training_state=args.keep_training_state, force=args.force, verify=not args.no_verify)
     reports = convert_all(args.model, args.out, **kw) if args.all else [convert(args.model, args.out, checkpoint=args.checkpoint, **kw)]
     for r in reports:
         print(f"{os.path.basename(r.source)} -> {r.out} ({len(r.renamed)} subcollections renamed)")
@@ -119,7 +120,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_ensemble(args: argparse.Namespace) -> int:
     from .tools.ensemble import ensemble
 
-    r = ensemble(args.models, args.out, rename=args.rename, path=args.path, force=args.force)
+    r = ensemble(args.models, args.out, rename=args.rename, path=args.path, force=args.force, verify=not args.no_verify)
     print(f"wrote {r.out}: an !Ensemble of {len(r.members)} members")
     for (i, old), new in sorted(r.renamed.items()):
         print(f"  member {i}: {old} renamed to {new}")
@@ -196,6 +197,7 @@ def _avg_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", type=_float_list, metavar="W0,W1,...", help="weighted mean, one weight per selected checkpoint, newest first")
     p.add_argument("--accumulate", choices=("float64", "float32"), default="float64", help="sum in this precision (float32 is faster)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
@@ -206,6 +208,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     which.add_argument("--all", action="store_true", help="convert every checkpoint")
     p.add_argument("--keep-training-state", action="store_true", help="keep the checkpoint's training_state (dropped by default)")
     p.add_argument("--force", action="store_true", help="replace outputs that exist")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
 
 def _ensemble_args(p: argparse.ArgumentParser) -> None:
@@ -214,6 +217,7 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rename", action="store_true", help="give members fresh subcollection names where they clash")
     p.add_argument("--path", default="", help="dotted path of the part of each model to use (default: the whole experiment)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:

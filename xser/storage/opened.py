@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import CheckpointError, DataError, Location, did_you_mean
-from .checksums import digest_bytes
+from .checksums import digest_bytes, digest_stream
 from .checksums import verify as check_digest
 from .formats import get_format
 from .formats.npy import header_from_bytes as npy_header_from_bytes
@@ -271,25 +271,34 @@ class OpenedDir(DirHandle):
             except OSError as e:
                 raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
 
-    def chunks(self, entry: ParamEntry, elements: int, buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    def chunks(
+        self, entry: ParamEntry, elements: int, buffer: np.ndarray | None = None, *, verify: bool = False
+    ) -> Iterator[np.ndarray]:
         """The parameter's elements in C order, streamed in flat pieces of at most ``elements``.
 
         Goes through each block's format (every format has a streaming reader), so tools work
         on every format a checkpoint may hold. Blocked parameters are read as row bands.
+        ``verify`` checks each file's checksum as it is read (a mismatch raises before the last piece).
         """
         if entry.whole:
             block = entry.blocks[0]
             fmt = get_format(block.format)
             where = self.where(block.file)
+            checksum = block.checksum if verify else None
             with self.open_file(block.file) as f:
                 try:
-                    if buffer is not None and block.format == "npy":
-                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer)
+                    if block.format == "npy":
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, checksum)
+                    elif checksum is not None:
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, verify=checksum)
                     else:
                         yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements)
                 except OSError as e:
                     raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
             return
+        if verify:  # each block file once, before any of it is used
+            for block in entry.blocks:
+                self.verify_file(block)
         if not entry.shape:
             yield self.read(entry).reshape(-1)
             return
@@ -297,6 +306,15 @@ class OpenedDir(DirHandle):
         step = max(1, elements // row)
         for first in range(0, entry.shape[0], step):
             yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)
+
+    def verify_file(self, block: Block) -> None:
+        """Check one file against its size and checksum (read through, nothing kept)."""
+        with self.open_file(block.file) as f:
+            size, digest = digest_stream(f, block.checksum[0])
+        where = self.where(block.file)
+        if size != block.bytes:
+            raise DataError(f"file has {size} bytes, manifest says {block.bytes} (truncated or replaced?)", Location(where))
+        check_digest(block.checksum, digest, where)
 
     def read_many(
         self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None
@@ -365,8 +383,8 @@ class OpenedDir(DirHandle):
         )
         return gather(futs, {s: {} for s in self.subcollections})
 
-    def read_state_arrays(self, *, mmap: bool = False) -> dict[str, np.ndarray]:
-        return {k: self.read(e, mmap=mmap) for k, e in self.manifest.state_entries.items()}
+    def read_state_arrays(self, *, mmap: bool = False, verify: bool = False) -> dict[str, np.ndarray]:
+        return {k: self.read(e, mmap=mmap, verify=verify) for k, e in self.manifest.state_entries.items()}
 
 
 def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,7 @@ class FromFile:
     checksum: tuple[str, str]
     start: tuple | None = None  # where the block sits in the parameter (None: it is the parameter)
     format: str = "npy"
+    verify: bool = False  # check the source's checksum before linking it (tools refuse to copy a corrupt file)
 
 
 @attrs.frozen
@@ -47,10 +48,10 @@ class Stream:
     chunks: Any = attrs.field(eq=False)  # () -> Iterable[bytes-like]
 
 
-def from_entry(source: Any, entry: Any) -> FromFile | FromFiles:
+def from_entry(source: Any, entry: Any, *, verify: bool = False) -> FromFile | FromFiles:
     """A published parameter (``ParamEntry`` of an opened directory) as files to link."""
     files = tuple(
-        FromFile(source, b.file, entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format)
+        FromFile(source, b.file, entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format, verify)
         for b in entry.blocks
     )
     if len(files) == 1 and files[0].start is None:

@@ -196,7 +196,7 @@ def _exact(pieces: Iterator[np.ndarray], n: int, total: int, where: str) -> Iter
         raise CheckpointError(f"the file gave {done + fill} elements, {total} expected", Location(where))
 
 
-def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accumulate, chunk_elems, progress) -> Stream:
+def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accumulate, chunk_elems, progress, verify=True) -> Stream:
     e0 = entries[0]
     dtype, size = e0.dtype, int(np.prod(e0.shape, dtype=np.int64))
     acc_dtype = _accumulator(dtype, accumulate)
@@ -220,7 +220,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
         out = np.empty(n, dtype)
         raw = np.empty(n * dtype.itemsize, np.uint8)  # shared: each piece is used before the next is read
         first = np.empty(n * dtype.itemsize, np.uint8)  # the first checkpoint's bits of this chunk
-        sources = [_exact(d.chunks(e, n, raw), n, size, d.where(e.blocks[0].file)) for d, e in zip(dirs, entries)]
+        sources = [_exact(d.chunks(e, n, raw, verify=verify), n, size, d.where(e.blocks[0].file)) for d, e in zip(dirs, entries)]
         quiet = np.errstate(invalid="ignore", over="ignore")  # NaN and inf are averaged like any value, without warnings
         quiet.__enter__()
         try:
@@ -278,6 +278,7 @@ def average(
     force: bool = False,
     progress: Callable[[int], Callable[[int], None] | None] | None = None,
     memory_budget: int = MEMORY_BUDGET,
+    verify: bool = True,
 ) -> AverageReport:
     """Write a new model at ``out`` whose parameters are the mean of ``path``'s selected checkpoints.
 
@@ -300,13 +301,13 @@ def average(
             chosen = select(s, last=last, indices=checkpoints, best=best, metric=metric, mode=mode)
             by_path = {c.path: d for c, d in s.listed}
             return _average(path, out, chosen, [by_path[c.path] for c in chosen], weights=weights, accumulate=accumulate,
-                            durable=durable, force=force, progress=progress, memory_budget=memory_budget)
+                            durable=durable, force=force, progress=progress, memory_budget=memory_budget, verify=verify)
 
     return retrying(path, once)
 
 
 def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir], *, weights, accumulate, durable, force,
-             progress, memory_budget) -> AverageReport:
+             progress, memory_budget, verify) -> AverageReport:
     where = Location(path)
     ws = _weights(weights, len(chosen), where)
     for d, c in zip(dirs[1:], chosen[1:]):
@@ -328,10 +329,10 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
             if e0.dtype.kind in "fc" and e0.dtype.fields is None:
                 per_elem = 2 * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
                 chunk = max(1, min(CHUNK_ELEMENTS, memory_budget // workers // per_elem))
-                arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress), e0.trainable)
+                arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable)
                 averaged.append(f"{sub}/{name}")
             else:
-                arrays[sub][name] = (from_entry(newest, e0), e0.trainable)
+                arrays[sub][name] = (from_entry(newest, e0, verify=verify), e0.trainable)
                 copied.append(f"{sub}/{name}")
     notes = []
     if len(chosen) == 1:

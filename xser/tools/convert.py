@@ -77,20 +77,20 @@ def spec_subcols(tree: Any) -> list[str]:
     return list(seen)
 
 
-def linked_arrays(data: OpenedDir, mapping: dict[str, str]) -> dict[str, dict[str, tuple[Any, bool]]]:
-    """The data directory's arrays as files to link, under their new subcollection names."""
+def linked_arrays(data: OpenedDir, mapping: dict[str, str], *, verify: bool = True) -> dict[str, dict[str, tuple[Any, bool]]]:
+    """The data directory's arrays as files to link (checked against their checksums first), under their new names."""
     out: dict[str, dict[str, tuple[Any, bool]]] = {}
     for sub, params in data.subcollections.items():
         new = mapping.get(sub, sub)
-        out[new] = {name: (from_entry(data, e), e.trainable) for name, e in params.items()}
+        out[new] = {name: (from_entry(data, e, verify=verify), e.trainable) for name, e in params.items()}
     return out
 
 
-def _training_state_files(data: OpenedDir) -> Any:
+def _training_state_files(data: OpenedDir, verify: bool = True) -> Any:
     """The checkpoint's training state with its arrays as files to link."""
     if data.manifest.state is None:
         return None
-    files = {k: from_entry(data, e) for k, e in data.manifest.state_entries.items()}
+    files = {k: from_entry(data, e, verify=verify) for k, e in data.manifest.state_entries.items()}
     return training_state.decode(data.manifest.state, files)
 
 
@@ -102,6 +102,7 @@ def convert(
     keep_training_state: bool = False,
     durable: bool = True,
     force: bool = False,
+    verify: bool = True,
 ) -> ConvertReport:
     """Write checkpoint ``checkpoint`` of ``path`` as a new model at ``out`` with fresh names."""
     path, out = os.fspath(path), os.fspath(out)
@@ -124,9 +125,9 @@ def convert(
             }
             state_tree = state_arrays = None
             if keep_training_state and data.manifest.state is not None:
-                state_tree, state_arrays = training_state.encode(_training_state_files(data))
+                state_tree, state_arrays = training_state.encode(_training_state_files(data, verify))
             text = spec_header(out) + dump(tree)
-            snap = Snapshot(text, linked_arrays(data, mapping), meta, {}, state_tree, state_arrays)
+            snap = Snapshot(text, linked_arrays(data, mapping, verify=verify), meta, {}, state_tree, state_arrays)
             write_new_model(out, [snap], SaveOptions(durable), force=force)
             return ConvertReport(data.path, out, mapping)
 

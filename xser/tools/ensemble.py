@@ -54,6 +54,7 @@ def ensemble(
     name: str | None = None,
     durable: bool = True,
     force: bool = False,
+    verify: bool = True,
 ) -> EnsembleReport:
     """Write an ensemble of ``models`` (their experiment, or the part at dotted ``path``) to ``out``."""
     out = os.fspath(out)
@@ -63,18 +64,18 @@ def ensemble(
     if any(os.path.realpath(m) == os.path.realpath(out) for m in models):
         raise CheckpointError("the output is one of the input models; choose another --out", Location(out))
     return retrying(out, lambda: _ensemble(models, out, rename=rename, path=path, checkpoint=checkpoint, name=name,
-                                           durable=durable, force=force))
+                                           durable=durable, force=force, verify=verify))
 
 
 def _ensemble(models: list[str], out: str, *, rename: bool, path: str, checkpoint: int, name: str | None, durable: bool,
-              force: bool) -> EnsembleReport:
+              force: bool, verify: bool) -> EnsembleReport:
     with contextlib.ExitStack() as stack:
         return _ensemble_open(stack, models, out, rename=rename, path=path, checkpoint=checkpoint, name=name,
-                              durable=durable, force=force)
+                              durable=durable, force=force, verify=verify)
 
 
 def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, rename: bool, path: str, checkpoint: int,
-                   name: str | None, durable: bool, force: bool) -> EnsembleReport:
+                   name: str | None, durable: bool, force: bool, verify: bool) -> EnsembleReport:
     members: list[Any] = []
     arrays: dict[str, Any] = {}
     owner: dict[str, str] = {}  # subcollection name in the ensemble -> member file
@@ -92,7 +93,7 @@ def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, 
         member = inline(resolver, canon, ("members", i))
         dedupe_ids(member, ids)
         data = saved.data
-        source = linked_arrays(data, {})
+        source = linked_arrays(data, {}, verify=verify)
         here: set[str] = set()
         for node in iter_tagged(member):
             src = node.args.get("xser_subcol_name") if node.tag != "!Ref" else None

@@ -206,7 +206,7 @@ def verify_model(path: str | os.PathLike) -> list[str]:
         def once(k: int = c.index) -> str:
             with open_saved(path, k) as saved:
                 saved.data.read_all(verify=True)
-                state = saved.data.read_state_arrays()
+                state = saved.data.read_state_arrays(verify=True)
                 belong_together(saved)
                 n = sum(len(b.blocks) for p in saved.data.subcollections.values() for b in p.values())
                 n += sum(len(e.blocks) for e in saved.data.manifest.state_entries.values()) + (saved.data.manifest.spec is not None)

@@ -28,7 +28,8 @@ _IMPL = getattr(np.lib, "_format_impl", npf)
 warnings.filterwarnings("ignore", message="Stored array in format 3.0", category=UserWarning)
 
 from ...errors import DataError, Location, shape_str
-from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, verify as check_digest
+from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
+from ..checksums import verify as check_digest
 
 __all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
 
@@ -271,17 +272,22 @@ class NpyFormat:
         return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[first:stop]
 
     def chunks(
-        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, buffer: np.ndarray | None = None
+        self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, buffer: np.ndarray | None = None,
+        verify: tuple[str, str] | None = None,
     ) -> Iterator[np.ndarray]:
         """Consecutive elements in C order, read into one reused buffer (C-order files: plain reads).
 
         ``buffer`` (uint8, at least ``elements * itemsize`` bytes) may be shared by callers that use
         each piece before asking for the next one from any reader (averaging does): it stays in cache.
+        ``verify`` hashes the file as it is read and raises before the last piece if it does not match.
         """
         offset, fortran = self._check(f, where, dtype, shape, size)
         total = math.prod(shape)
         n = max(1, min(elements, total))
         if fortran and len(shape) > 1:  # rare: read C-order row bands out of a read-only map
+            if verify is not None:
+                f.seek(0)
+                check_digest(verify, digest_stream(f, verify[0])[1], where)
             mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
             step = max(1, n // max(1, math.prod(shape[1:])))
             for first in range(0, shape[0], step):
@@ -289,12 +295,23 @@ class NpyFormat:
                 for start in range(0, band.size, n):
                     yield band[start : start + n]
             return
+        h = None
+        if verify is not None:
+            h = CHECKSUMS[verify[0]]()
+            f.seek(0)
+            h.update(f.read(offset))
         raw = buffer if buffer is not None and buffer.nbytes >= n * dtype.itemsize else np.empty(n * dtype.itemsize, np.uint8)
         f.seek(offset)
+        if total == 0 and h is not None:
+            check_digest(verify, h.hexdigest(), where)
         for start in range(0, total, n):
             m = min(n, total - start)
             buf = raw[: m * dtype.itemsize]
             _read_exactly(f, buf, where)
+            if h is not None:
+                h.update(buf)
+                if start + m == total:
+                    check_digest(verify, h.hexdigest(), where)
             yield buf.view(dtype)
 
     def _check(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int) -> tuple[int, bool]:

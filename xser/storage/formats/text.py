@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...errors import DataError, Location, shape_str
-from ..checksums import CHECKSUMS, HashingWriter, digest_bytes
+from ..checksums import CHECKSUMS, HashingWriter, digest_bytes, digest_stream
 from ..checksums import verify as check_digest
 from ..pool import cpu_pool
 
@@ -186,8 +186,13 @@ class _TextFormat:
         out = self._parse(_take(parts, stop - first), stop - first, cols, dtype, where, first)
         return out.reshape((stop - first,) + tuple(shape[1:]))
 
-    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
-        """Row bands of about ``elements`` values, parsed as the file is read (bounded memory)."""
+    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, verify: Any = None) -> Iterator[np.ndarray]:
+        """Row bands of about ``elements`` values, parsed as the file is read (bounded memory).
+
+        With ``verify`` the file's checksum is checked first (one more pass over the file, not its values)."""
+        if verify is not None:
+            f.seek(0)
+            check_digest(verify, digest_stream(f, verify[0])[1], where)
         rows, cols = _rows(shape)
         step = max(1, elements // max(1, cols))
         seen = 0

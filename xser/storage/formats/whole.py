@@ -16,7 +16,7 @@ class DecodedWhole:
     def read_rows(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *, verify: Any) -> np.ndarray:
         return self.read(f, where, dtype, shape, size, mmap=False, verify=verify)[rows[0] : rows[1]]
 
-    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int) -> Iterator[np.ndarray]:
-        flat = self.read(f, where, dtype, shape, size, mmap=False, verify=None).reshape(-1)
+    def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, verify: Any = None) -> Iterator[np.ndarray]:
+        flat = self.read(f, where, dtype, shape, size, mmap=False, verify=verify).reshape(-1)
         for start in range(0, flat.size, max(1, elements)):
             yield flat[start : start + elements]
