@@ -368,3 +368,27 @@ class TestLoadSerialized:
         xser.load(path)
         build_text(tmp_path, f"e:\n  c: !LoadSerialized {{filename: {path}, path: c}}\n")
         assert Counter.calls == before
+
+
+class TestLoadSerializedKeepsTies:
+    def test_shared_outside_target_stays_shared(self, tmp_path):
+        """Two refs to one component outside the loaded path become one object, not two copies."""
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(
+            "e:\n"
+            "  shared: !TLinear {in_dim: 2, out_dim: 2, xser_id: emb}\n"
+            "  model: !TModel\n"
+            "    encoder: !Ref {name: emb}\n"
+            "    decoder: !Ref {name: emb}\n"
+        )
+        exp = xser.build(xser.load_config(cfg)["e"])
+        assert exp["model"].encoder is exp["model"].decoder
+        xser.save(exp, tmp_path / "m.yaml")
+        loader = tmp_path / "l.yaml"
+        loader.write_text(f"f:\n  model: !LoadSerialized {{filename: {tmp_path / 'm.yaml'}, path: model}}\n")
+        got = xser.build(xser.load_config(loader)["f"])
+        assert got["model"].encoder is got["model"].decoder  # one matrix to fine-tune, as in the source
+        assert np.array_equal(got["model"].encoder.W, exp["shared"].W)
+        xser.save(got, tmp_path / "n.yaml")
+        again = xser.load(tmp_path / "n.yaml")
+        assert again["model"].encoder is again["model"].decoder  # saved and loaded: still one object

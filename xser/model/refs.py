@@ -146,15 +146,17 @@ def _field_default(node: Tagged, seg: Any) -> Any:
     return _MISSING
 
 
-def inline(resolver: Resolver, canon: tuple, at: tuple, depth: int = 0) -> Any:
+def inline(resolver: Resolver, canon: tuple, at: tuple, depth: int = 0, placed: dict | None = None) -> Any:
     """Copy the subtree at ``canon`` for use at path ``at`` of another tree.
 
-    ``!Ref``s that stay inside the subtree are re-rooted to ``at`` (as path refs); those that
-    leave it are replaced by inlined copies of their targets; refs with a default that do not
-    resolve become the default.
+    ``!Ref``s that stay inside the subtree are re-rooted to ``at`` (as path refs). A ref that
+    leaves it is replaced by a copy of its target the first time that target is met, and by a
+    path ref to that copy every later time, so objects shared in the source stay shared (a
+    tied embedding stays one matrix). Refs with a default that do not resolve become the default.
     """
     if depth > 50:
         raise SpecError(f"references nest too deeply while copying {format_path(canon)!r}", None)
+    placed = {canon: at} if placed is None else placed
     new = resolver.doc.copy(resolver.node_at(canon))
 
     def fix(n: Any, rel: tuple) -> Any:
@@ -162,9 +164,11 @@ def inline(resolver: Resolver, canon: tuple, at: tuple, depth: int = 0) -> Any:
             kind, target = resolver.target(n, resolver.doc.where(n))
             if kind == "value":
                 return target
-            if target[: len(canon)] == canon:
-                return Tagged("!Ref", {"path": format_path(at + target[len(canon):])})
-            return inline(resolver, target, at + rel, depth + 1)
+            for source, place in sorted(placed.items(), key=lambda kv: -len(kv[0])):
+                if target[: len(source)] == source:
+                    return Tagged("!Ref", {"path": format_path(place + target[len(source):])})
+            placed[target] = at + rel
+            return inline(resolver, target, at + rel, depth + 1, placed)
         rewrite_children(n, lambda k, v: fix(v, rel + (k,)))
         return n
 
