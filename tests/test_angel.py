@@ -146,6 +146,28 @@ class TestBadInput:
         with pytest.raises(xser.DataError, match=r"0:2: 3 fields, 2 expected"):
             read_angel(d)
 
+    FORGED = [
+        (lambda m: m.update(row=3000, col=3000), "partitions do not cover the matrix: blocks cover 6 of 9000000 elements"),
+        (lambda m: m["partMetas"]["0"].update(endRow=3000, endCol=3000),
+         "partition 0: rows 0-3000, cols 0-3000 lie outside the 2x3 matrix"),
+        (lambda m: (m.update(row=4000, col=3000), m["partMetas"]["0"].update(endRow=4000, endCol=3000)),
+         "partition 0: 47 bytes cannot hold its 4000x3000 values (colid-value-text needs at least 48000000)"),
+        (lambda m: m.update(row=2**40, col=2**40), "partitions do not cover the matrix"),
+        (lambda m: m["partMetas"]["0"].update(endRow=1), "partitions do not cover the matrix: blocks cover 3 of 6 elements"),
+        (lambda m: m.update(partMetas={}), "no partitions: the 2x3 matrix has no data"),
+        (lambda m: m.update(row="2"), "row must be an int >= 0, got '2'"),
+        (lambda m: m["partMetas"]["0"].update(offset=-1), "partition 0: offset must be an int >= 0, got -1"),
+        (lambda m: m["partMetas"]["0"].pop("rowMetas"), "0: 6 records, the row metadata says 0"),
+    ]
+
+    @pytest.mark.parametrize("edit, message", FORGED)
+    def test_forged_sizes_are_checked_before_allocating(self, tmp_path, edit, message):
+        """Declared dimensions and partitions are checked against the bytes present; a missing partition is an error."""
+        d = self.write(tmp_path, edit)
+        with pytest.raises(xser.DataError) as info:
+            read_angel(d)
+        assert message in str(info.value)
+
     def test_export_errors(self, tmp_path, model):
         """Unknown formats suggest the closest; non-float parameters are refused."""
         path, param = model

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from typing import Any
 
@@ -111,49 +112,125 @@ def export_angel(
 # ---------------------------------------------------------------- reading
 
 
+MAX_META = 64 << 20
+#: the fewest bytes one value takes in each layout (a text value is at least a digit and a separator)
+_MIN_BYTES = {"value-binary": 4, "colid-value-binary": 8, "rowid-colid-value-binary": 12, "binary-column": 4,
+              "value-text": 2, "colid-value-text": 4, "rowid-colid-value-text": 6, "text-column": 2}
+
+
+def _int(value: Any, what: str, where: Location, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 1 << 62:
+        raise DataError(f"{what} must be an int >= {low}, got {value!r}", where)
+    return value
+
+
+def _partition_box(pid: str, pm: Any, rows: int, cols: int, where: Location) -> tuple[tuple[int, int], tuple[int, int]]:
+    if not isinstance(pm, dict):
+        raise DataError(f"partition {pid}: its metadata must be a mapping", where)
+    r0, r1 = _int(pm.get("startRow"), f"partition {pid}: startRow", where), _int(pm.get("endRow"), f"partition {pid}: endRow", where)
+    c0, c1 = _int(pm.get("startCol"), f"partition {pid}: startCol", where), _int(pm.get("endCol"), f"partition {pid}: endCol", where)
+    if not (r0 <= r1 <= rows and c0 <= c1 <= cols):
+        raise DataError(f"partition {pid}: rows {r0}-{r1}, cols {c0}-{c1} lie outside the {rows}x{cols} matrix", where)
+    return (r0, c0), (r1 - r0, c1 - c0)
+
+
 def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
-    """The ``_meta`` and the matrix of an Angel matrix directory, every partition checked."""
+    """The ``_meta`` and the matrix of an Angel matrix directory, every partition checked.
+
+    Nothing is allocated before the declared sizes are checked against the bytes present: the
+    partitions must tile the matrix (a missing one is an error, never zeros), and each must hold
+    at least as many bytes as its values need in its layout.
+    """
     d = os.fspath(matrix_dir)
     mpath = os.path.join(d, "_meta")
+    mwhere = Location(mpath)
     try:
-        with open(mpath, "rb") as fh:
-            raw = fh.read()
+        fd = os.open(mpath, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise DataError("no _meta file (not an Angel matrix directory?)", Location(mpath)) from None
+        raise DataError("no _meta file (not an Angel matrix directory?)", mwhere) from None
+    except OSError as e:
+        raise DataError(f"cannot read _meta: {e.strerror or e}", mwhere) from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
+            raise DataError(f"_meta must be a regular file of at most {MAX_META} bytes", mwhere)
+        raw = fh.read(MAX_META + 1)
     if len(raw) < 4:
-        raise DataError("_meta is shorter than its 4-byte length prefix", Location(mpath))
+        raise DataError("_meta is shorter than its 4-byte length prefix", mwhere)
     (n,) = struct.unpack(">i", raw[:4])
     if n < 0 or n > len(raw) - 4:
-        raise DataError(f"_meta length prefix says {n} bytes of JSON, the file has {len(raw) - 4}", Location(mpath))
+        raise DataError(f"_meta length prefix says {n} bytes of JSON, the file has {len(raw) - 4}", mwhere)
     try:
         meta = json.loads(raw[4 : 4 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"_meta JSON is corrupt: {e}", Location(mpath)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise DataError(f"_meta JSON is corrupt: {e}", mwhere) from None
+    if not isinstance(meta, dict):
+        raise DataError("_meta JSON must be an object", mwhere)
     cls = meta.get("formatClassName")
-    fmt = BY_CLASS.get(cls)
+    fmt = BY_CLASS.get(cls) if isinstance(cls, str) else None
     if fmt is None:
         known = sorted(BY_CLASS)
-        raise DataError(f"unknown formatClassName {cls!r} (xser reads the 8 built-in formats){did_you_mean(str(cls), known)}", Location(mpath))
+        raise DataError(f"unknown formatClassName {cls!r} (xser reads the 8 built-in formats){did_you_mean(str(cls), known)}", mwhere)
     try:
-        vdtype, long_ids, _ = row_type(int(meta["rowType"]))
-        rows, cols = int(meta["row"]), int(meta["col"])
-    except (KeyError, ValueError, TypeError) as e:
-        raise DataError(f"_meta: {e}", Location(mpath)) from None
+        vdtype, long_ids, _ = row_type(_int(meta.get("rowType"), "rowType", mwhere))
+    except ValueError as e:
+        raise DataError(f"_meta: {e}", mwhere) from None
+    rows, cols = _int(meta.get("row"), "row", mwhere), _int(meta.get("col"), "col", mwhere)
+    parts = meta.get("partMetas", {})
+    if not isinstance(parts, dict):
+        raise DataError("partMetas must be a mapping", mwhere)
+    boxes, reads = [], []
+    for pid, pm in parts.items():
+        start, size = _partition_box(str(pid), pm, rows, cols, mwhere)
+        boxes.append((start, size))
+        fname = pm.get("fileName")
+        if not isinstance(fname, str) or not fname or os.path.isabs(fname) or ".." in fname.replace("\\", "/").split("/"):
+            raise DataError(f"partition {pid}: file name {fname!r} must stay inside the matrix directory", mwhere)
+        offset = _int(pm.get("offset"), f"partition {pid}: offset", mwhere)
+        length = _int(pm.get("length"), f"partition {pid}: length", mwhere)
+        need = size[0] * size[1] * _MIN_BYTES[fmt]
+        if length < need:
+            raise DataError(
+                f"partition {pid}: {length} bytes cannot hold its {size[0]}x{size[1]} values ({fmt} needs at least {need})", mwhere
+            )
+        reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, os.path.join(d, fname), offset, length))
+    _check_cover(boxes, rows, cols, mwhere)
     out = np.zeros((rows, cols), vdtype.newbyteorder("="))
-    for pid, pm in sorted(meta.get("partMetas", {}).items(), key=lambda kv: int(kv[0])):
-        path = os.path.join(d, str(pm["fileName"]))
-        if os.path.isabs(str(pm["fileName"])) or ".." in str(pm["fileName"]).split("/"):
-            raise DataError(f"partition {pid}: file name {pm['fileName']!r} must stay inside the matrix directory", Location(mpath))
+    for _, pid, pm, path, offset, length in sorted(reads):
         try:
             with open(path, "rb") as fh:
-                fh.seek(int(pm["offset"]))
-                data = fh.read(int(pm["length"]))
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise DataError(f"partition {pid}: not a regular file", Location(path))
+                fh.seek(offset)
+                data = fh.read(length)
         except FileNotFoundError:
             raise DataError(f"partition {pid}: data file missing", Location(path)) from None
-        if len(data) != int(pm["length"]):
-            raise DataError(f"partition {pid} is truncated: {len(data)} of {pm['length']} bytes at offset {pm['offset']}", Location(path))
-        decode_partition(out, pm, data, fmt, vdtype, long_ids, path)
+        except OSError as e:
+            raise DataError(f"partition {pid}: cannot read: {e.strerror or e}", Location(path)) from None
+        if len(data) != length:
+            raise DataError(f"partition {pid} is truncated: {len(data)} of {length} bytes at offset {offset}", Location(path))
+        try:
+            decode_partition(out, pm, data, fmt, vdtype, long_ids, path)
+        except DataError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, struct.error, AttributeError) as e:
+            raise DataError(f"partition {pid}: malformed metadata or data ({type(e).__name__}: {e})", Location(path)) from None
     return meta, out
+
+
+def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:
+    """The partitions tile the whole matrix: a missing partition is an error, never zeros."""
+    from ..storage.manifest import Block, check_tiling
+
+    if rows * cols == 0:
+        return
+    if not boxes:
+        raise DataError(f"no partitions: the {rows}x{cols} matrix has no data", where)
+    blocks = tuple(Block("_", "npy", 0, ("xxh3_64", "0"), s, n) for s, n in boxes)
+    try:
+        check_tiling(blocks, (rows, cols))
+    except ValueError as e:
+        raise DataError(f"partitions do not cover the matrix: {e}", where) from None
 
 
 def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
