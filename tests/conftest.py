@@ -28,3 +28,8 @@ import pathlib  # noqa: E402
 
 pathlib.Path.write_text = _writable_first(pathlib.Path.write_text)
 pathlib.Path.write_bytes = _writable_first(pathlib.Path.write_bytes)
+
+from hypothesis import settings as _settings  # noqa: E402
+
+#: `pytest --hypothesis-profile=fuzz`: the long fuzz run (tests/test_fuzz.py uses the profile's example count)
+_settings.register_profile("fuzz", max_examples=5000)

@@ -154,7 +154,7 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
             raise DataError(f"_meta must be a regular file of at most {MAX_META} bytes", mwhere)
-        raw = fh.read(MAX_META + 1)
+        raw = fh.read(st.st_size)
     if len(raw) < 4:
         raise DataError("_meta is shorter than its 4-byte length prefix", mwhere)
     (n,) = struct.unpack(">i", raw[:4])

@@ -321,7 +321,7 @@ def read(path: str | os.PathLike) -> Doc:
                 raise SpecError("not a regular file (a spec is read from a regular file only)", Location(fname))
             if st.st_size > MAX_SPEC_BYTES:
                 raise SpecError(f"file has {st.st_size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
-            raw = f.read(MAX_SPEC_BYTES + 1)
+            raw = f.read(st.st_size)
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"cannot read file: not UTF-8 ({e.reason} at byte {e.start})", Location(fname)) from None

@@ -438,4 +438,4 @@ def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
         size = st.st_size
         if size > MAX_MANIFEST:
             raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
-        return f.read(MAX_MANIFEST + 1)
+        return f.read(size)  # exactly what fstat says (a read of the cap would allocate the cap)
