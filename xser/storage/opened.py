@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import errno
-import math
 import os
 import stat
 import threading
