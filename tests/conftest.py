@@ -33,3 +33,4 @@ from hypothesis import settings as _settings  # noqa: E402
 
 #: `pytest --hypothesis-profile=fuzz`: the long fuzz run (tests/test_fuzz.py uses the profile's example count)
 _settings.register_profile("fuzz", max_examples=5000)
+_settings.register_profile("fuzz-mid", max_examples=1000)

@@ -57,7 +57,7 @@ class Resolver:
         args = ref.args
         unknown = set(args) - {"path", "name", "default"}
         if unknown:
-            raise SpecError(f"!Ref takes path or name, and default; unknown key {sorted(unknown)[0]!r}", loc)
+            raise SpecError(f"!Ref takes path or name, and default; unknown key {sorted(unknown, key=repr)[0]!r}", loc)
         if ("path" in args) == ("name" in args):
             raise SpecError("!Ref needs exactly one of 'path' and 'name'", loc)
         if "name" in args:

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import stat
+import warnings
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -277,6 +278,13 @@ def _yaml(fast: bool) -> YAML:
 
 
 def _compose(text: str, fname: str | None) -> tuple[Any, YAML]:
+    """The node graph of ``text``; ruamel's warnings (a reused anchor is legal YAML: the later one wins) stay quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _compose_quietly(text, fname)
+
+
+def _compose_quietly(text: str, fname: str | None) -> tuple[Any, YAML]:
     """The node graph of ``text``: libyaml when installed, the pure parser for errors (its messages)."""
     if _CParser is not None:
         y = _yaml(True)

@@ -49,7 +49,8 @@ def parse_dynet_text(data: bytes, path: str) -> list[dict]:
         if len(tokens) != n or not values_line.endswith(b"\n"):
             raise DataError(f"{key}: {len(tokens)} values on the line, the header says {n}", Location(path, line_no + 1))
         try:
-            values = np.array([float(t) for t in tokens], np.float32)
+            with np.errstate(over="ignore"):  # beyond float32: inf, refused just below
+                values = np.array([float(t) for t in tokens], np.float32)
         except ValueError:
             raise DataError(f"{key}: a value is not a number", Location(path, line_no + 1)) from None
         if not np.all(np.isfinite(values)):

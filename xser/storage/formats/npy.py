@@ -183,8 +183,8 @@ def read_header(f, path: str) -> tuple[tuple, bool, np.dtype, int]:
             shape, fortran, dtype = _IMPL._read_array_header(f, version, max_header_size=MAX_HEADER)
         else:
             raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
-    except (ValueError, SyntaxError, EOFError, OSError) as e:
-        raise DataError(f"not a valid .npy file: {e}", _where(path)) from None
+    except Exception as e:  # numpy evaluates the header as a literal: any failure there means "not an .npy"
+        raise DataError(f"not a valid .npy file: {type(e).__name__}: {e}", _where(path)) from None
     if dtype.hasobject:
         raise DataError("object arrays need pickle and are never loaded", _where(path))
     return shape, fortran, dtype, f.tell()

@@ -314,7 +314,8 @@ class DenseText(_TextFormat):
                 for tok in line.split():
                     _number(tok, path, line0 + i + 1)
             raise
-        return values.astype(dtype)
+        with np.errstate(over="ignore"):  # a value beyond the dtype becomes inf; importers then refuse it
+            return values.astype(dtype)
 
 
 class SparseText(_TextFormat):
@@ -342,6 +343,10 @@ class SparseText(_TextFormat):
             yield "".join(out).encode()
 
     def _parse(self, lines: list[bytes], rows: int, cols: int, dtype: np.dtype, path: str, line0: int = 0) -> np.ndarray:
+        with np.errstate(over="ignore"):  # a value beyond the dtype becomes inf; importers then refuse it
+            return self._parse_lines(lines, rows, cols, dtype, path, line0)
+
+    def _parse_lines(self, lines: list[bytes], rows: int, cols: int, dtype: np.dtype, path: str, line0: int) -> np.ndarray:
         out = np.zeros((rows, cols), dtype)
         for i, line in enumerate(lines):
             last = -1
