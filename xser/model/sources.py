@@ -10,7 +10,7 @@ came from), so two saved models with equal subcollection names cannot swap weigh
 from __future__ import annotations
 
 import os
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 import attrs
@@ -67,7 +67,7 @@ class Store:
 
     def cancel(self) -> None:
         """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
-        running = [f for f in self.futures.values() if not f.cancel()]
+        running = [f for f in self.futures.values() if isinstance(f, Future) and not f.cancel()]
         self.futures.clear()
         wait(running)
 

@@ -17,145 +17,25 @@ import math
 import errno
 import os
 import stat
-import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
-from typing import Any, BinaryIO
+from concurrent.futures import Future, wait
+from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, DataError, Location, did_you_mean
+from ..errors import DataError, Location, did_you_mean
 from .checksums import digest_bytes, digest_stream
 from .checksums import verify as check_digest
 from .formats import get_format
 from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
-from .layout import OLD_MARK
+from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather"]
 
-_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-# O_NONBLOCK: opening a FIFO planted in a data directory must not wait for a writer (it is then refused)
-_O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
-
-
-class CheckpointVanished(CheckpointError):
-    """The checkpoint being read was deleted (pruned by a saver); start over from its name."""
-
-
-class MissingDir(DataError):
-    """No directory at that name (yet, or any more: a saver may be moving it)."""
-
-
-class DirHandle:
-    """A directory held open by a descriptor; files are opened relative to it, no link followed."""
-
-    def __init__(self, path: str, fd: int) -> None:
-        self.path = path
-        self.fd = fd
-        st = os.fstat(fd)
-        self.ino = (st.st_dev, st.st_ino)
-        self._subdirs: dict[str, int] = {}  # first path component -> its descriptor (opened once)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def open_dir(cls, path: str | os.PathLike) -> DirHandle:
-        path = os.fspath(path)
-        try:
-            return cls(path, os.open(path, _O_DIR))
-        except OSError as e:
-            raise DataError(f"cannot open directory: {e.strerror or e}", Location(path)) from None
-
-    def close(self) -> None:
-        with self._lock:
-            for d in self._subdirs.values():
-                os.close(d)
-            self._subdirs.clear()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        for fd in list(getattr(self, "_subdirs", {}).values()) + [getattr(self, "fd", -1)]:
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def where(self, rel: str) -> str:
-        return os.path.join(self.path, rel)
-
-    def open_file(self, rel: str) -> BinaryIO:
-        """Open a file below the directory through its descriptor, no symbolic link followed."""
-        full = self.where(rel)
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or rel.startswith("/"):
-            raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the directory)", Location(full))
-        opened: list[int] = []
-        try:
-            fd = self._subdir(parts[0]) if len(parts) > 1 else self.fd
-            for part in parts[1:-1]:
-                fd = os.open(part, _O_DIR, dir_fd=fd)
-                opened.append(fd)
-            leaf = os.open(parts[-1], _O_FILE, dir_fd=fd)
-        except FileNotFoundError:
-            self._vanished_or(DataError(f"file {rel!r} named in the manifest is missing", Location(full)))
-            raise AssertionError("unreachable") from None
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                raise DataError(f"file {rel!r} is a symbolic link or passes through one (never followed)", Location(full)) from None
-            raise DataError(f"cannot open: {e.strerror or e}", Location(full)) from None
-        finally:
-            for d in opened:
-                os.close(d)
-        try:
-            if not _is_regular(leaf):
-                raise DataError(f"file {rel!r} is not a regular file", Location(full))
-            return os.fdopen(leaf, "rb", buffering=0)
-        except BaseException:
-            os.close(leaf)
-            raise
-
-    def _subdir(self, name: str) -> int:
-        with self._lock:
-            fd = self._subdirs.get(name)
-            if fd is None:
-                fd = self._subdirs[name] = os.open(name, _O_DIR, dir_fd=self.fd)
-            return fd
-
-    def removed(self) -> bool:
-        """True if this directory was deleted, or is being deleted, since it was opened."""
-        try:
-            if os.fstat(self.fd).st_nlink == 0:
-                return True
-        except OSError:
-            return True
-        proc = f"/proc/self/fd/{self.fd}"
-        try:
-            now = os.readlink(proc)
-            return now.endswith(" (deleted)") or OLD_MARK in os.path.basename(now)
-        except OSError:
-            pass
-        try:  # no /proc: the directory's name must still lead to it
-            st = os.stat(self.path, follow_symlinks=False)
-            return (st.st_dev, st.st_ino) != self.ino
-        except OSError:
-            return True
-
-    def _vanished_or(self, error: DataError) -> None:
-        if self.removed():
-            raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path))
-        raise error
 
 
 class OpenedDir(DirHandle):
@@ -172,7 +52,7 @@ class OpenedDir(DirHandle):
         """Open ``path`` and read its manifest; ``DataError`` if it is not a valid data directory."""
         path = os.fspath(path)
         try:
-            fd = os.open(path, _O_DIR)
+            fd = os.open(path, O_DIR)
         except FileNotFoundError:
             raise MissingDir("data directory not found (was the model saved with xser.save?)", Location(path)) from None
         except OSError as e:
@@ -323,17 +203,12 @@ class OpenedDir(DirHandle):
         rows = rows or {}
         for e in entries:
             r = rows.get(f"{e.subcol}/{e.name}")
-            if mmap and not verify and r is None:
-                fut: Future = Future()
+            if mmap and not verify and r is None:  # mapping is fast: done here, no thread
                 try:
-                    fut.set_result(self._map_npy(e) if _quick(e) else None)
-                    if fut.result() is None:
-                        fut = Future()
-                        fut.set_result(self.read(e, mmap=True))
+                    arr = self._map_npy(e) if _quick(e) else None
+                    out[(e.subcol, e.name)] = _Done(arr if arr is not None else self.read(e, mmap=True))
                 except BaseException as err:
-                    fut = Future()
-                    fut.set_exception(err)
-                out[(e.subcol, e.name)] = fut
+                    out[(e.subcol, e.name)] = _Done(None, err)
             else:
                 out[(e.subcol, e.name)] = pool().submit(self.read, e, mmap=mmap, verify=verify, rows=r)
         return out
@@ -347,7 +222,7 @@ class OpenedDir(DirHandle):
         if not leaf or "/" in leaf or leaf in (".", ".."):
             return None
         try:
-            fd = os.open(leaf, _O_FILE, dir_fd=self._subdir(sub))
+            fd = os.open(leaf, O_FILE, dir_fd=self._subdir(sub))
         except OSError:
             return None
         try:
@@ -386,14 +261,34 @@ class OpenedDir(DirHandle):
         return {k: self.read(e, mmap=mmap, verify=verify) for k, e in self.manifest.state_entries.items()}
 
 
+class _Done:
+    """A finished read, with the part of ``Future``'s interface the callers use (cheaper than a Future)."""
+
+    __slots__ = ("_value", "_error")
+
+    def __init__(self, value: Any, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+
 def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Wait for every future; on the first failure cancel the rest (no read goes on after an error)."""
     try:
         for (sub, name), fut in futs.items():
             into[sub][name] = fut.result()
     except BaseException:
-        for fut in futs.values():
-            fut.cancel()
+        running = [f for f in futs.values() if isinstance(f, Future) and not f.cancel()]
+        wait(running)  # nothing reads on after the caller has its error (and may close the directory)
         raise
     return into
 
@@ -412,10 +307,6 @@ def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
     return first, stop
 
 
-def _is_regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
-
-
 def _quick(e: ParamEntry) -> bool:
     return e.whole and e.blocks[0].format == "npy"
 
@@ -423,7 +314,7 @@ def _quick(e: ParamEntry) -> bool:
 def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
     """A small file relative to a directory descriptor (None if missing), size-capped."""
     try:
-        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
+        fd = os.open(name, O_FILE, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as e:
