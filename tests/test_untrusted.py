@@ -133,3 +133,17 @@ class TestForgedSizes:
         ps.write_rows(f"{name}/W", 0, np.ones((4, 2), np.float32))
         ps.finalize()
         assert list(xser.load_config(path)) == ["exp1"]
+
+
+def test_dismec_metadata_with_an_infinite_count(tmp_path):
+    """Found by the long fuzz run: a count of 1e3082 (infinity in JSON) is a DataError, not an OverflowError."""
+    import shutil
+
+    from xser.interop.dismec import import_dismec
+
+    src = tmp_path / "in"
+    shutil.copytree(Path(__file__).parent / "data" / "dismec" / "DenseTXT", src)
+    meta = src / "model.json"
+    meta.write_text(meta.read_text().replace('"count": 2', '"count": 1e3082'))
+    with pytest.raises(xser.DataError, match="files.0: 'count' must be an int, got inf"):
+        import_dismec(meta, tmp_path / "out.yaml")

@@ -78,10 +78,15 @@ def _meta(path: str) -> tuple[dict, list[WeightFile]]:
         where = Location(path, path=f"files.{i}")
         if not isinstance(e, dict):
             raise DataError('"files" must be a list of {first, count, file, weight-format}', where)
-        try:
-            wf = WeightFile(int(e["first"]), int(e["count"]), str(e["file"]), str(e["weight-format"]))
-        except KeyError as k:
-            raise DataError(f"missing {k.args[0]!r}", where) from None
+        missing = [k for k in ("first", "count", "file", "weight-format") if k not in e]
+        if missing:
+            raise DataError(f"missing {missing[0]!r}", where)
+        for key in ("first", "count"):
+            if not isinstance(e[key], int) or isinstance(e[key], bool):
+                raise DataError(f"{key!r} must be an int, got {e[key]!r}", where)
+        if not isinstance(e["file"], str) or not isinstance(e["weight-format"], str):
+            raise DataError(f"'file' and 'weight-format' must be strings, got {e['file']!r} and {e['weight-format']!r}", where)
+        wf = WeightFile(e["first"], e["count"], e["file"], e["weight-format"])
         if wf.format not in FORMATS:
             raise DataError(f"unknown weight-format {wf.format!r} (known: {', '.join(FORMATS)}){did_you_mean(wf.format, FORMATS)}", where)
         if wf.count < 0 or wf.first < 0:
