@@ -19,7 +19,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-import xxhash
 
 from ..api import retrying
 from ..checkpoints.policy import best_n
@@ -219,8 +218,11 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
         tmp = np.empty(n, acc_dtype) if not unit else None
         out = np.empty(n, dtype)
         raw = np.empty(n * dtype.itemsize, np.uint8)  # shared: each piece is used before the next is read
-        first = np.empty(n * dtype.itemsize, np.uint8)  # the first checkpoint's bits of this chunk
-        sources = [_exact(d.chunks(e, n, raw, verify=verify), n, size, d.where(e.blocks[0].file)) for d, e in zip(dirs, entries)]
+        raw0 = np.empty(n * dtype.itemsize, np.uint8)  # the first checkpoint's own: its piece is compared with the others
+        sources = [
+            _exact(d.chunks(e, n, raw0 if i == 0 else raw, verify=verify), n, size, d.where(e.blocks[0].file))
+            for i, (d, e) in enumerate(zip(dirs, entries))
+        ]
         quiet = np.errstate(invalid="ignore", over="ignore")  # NaN and inf are averaged like any value, without warnings
         quiet.__enter__()
         try:
@@ -233,10 +235,9 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                     if same:
                         bits = piece.view(np.uint8)
                         if i == 0:
-                            first[: bits.size] = bits
-                            first_hash = xxhash.xxh3_64_intdigest(bits)
-                        elif xxhash.xxh3_64_intdigest(bits) != first_hash or not np.array_equal(bits, first[: bits.size]):
-                            same = False
+                            first = bits
+                        elif not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first):
+                            same = False  # checkpoints that differ almost always differ in the first values
                     src = parts(piece)
                     if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
                         np.copyto(a, src) if unit else np.multiply(src, w, out=a)
@@ -249,7 +250,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                 if total != 1.0:
                     np.divide(a, acc_real.type(total), out=a)
                 if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
-                    out[:m].view(np.uint8)[:] = first[: m * dtype.itemsize]
+                    out[:m].view(np.uint8)[:] = first
                 else:
                     np.copyto(out[:m], acc[:m], casting="unsafe")
                 if progress is not None:
