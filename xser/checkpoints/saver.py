@@ -181,9 +181,8 @@ def _same_meta(snap: Snapshot, previous: Any) -> bool:
     """The save brings nothing new to record: same step, metrics, training and custom data, no training state."""
     meta = previous.meta
     return (
-        snap.state_arrays is None and previous.manifest.state is None
-        and all(snap.meta.get(k) == (meta.get(k) if meta.get(k) is not None else ({} if k != "step" else None))
-                for k in ("step", "metrics", "training", "custom"))
+        snap.state_arrays is None and previous.manifest.state is None and snap.meta["step"] == meta.get("step")
+        and all(snap.meta[k] == (meta.get(k) or {}) for k in ("metrics", "training", "custom"))
     )
 
 

@@ -10,14 +10,13 @@ came from), so two saved models with equal subcollection names cannot swap weigh
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, wait
 from typing import Any
 
 import attrs
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean, shape_str
-from ..storage.opened import OpenedDir
+from ..storage.opened import OpenedDir, stop
 
 __all__ = ["Store"]
 
@@ -67,9 +66,8 @@ class Store:
 
     def cancel(self) -> None:
         """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
-        running = [f for f in self.futures.values() if isinstance(f, Future) and not f.cancel()]
+        stop(self.futures.values())
         self.futures.clear()
-        wait(running)
 
     def check_all_used(self) -> None:
         unused = sorted(set(self.dir.subcollections) - set(self.used))

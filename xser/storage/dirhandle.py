@@ -15,6 +15,8 @@ import threading
 from typing import Any, BinaryIO
 
 from ..errors import CheckpointError, DataError, Location
+from .checksums import digest_stream
+from .checksums import verify as check_digest
 from .layout import OLD_MARK
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "O_DIR", "O_FILE"]
@@ -113,6 +115,14 @@ class DirHandle:
             if fd is None:
                 fd = self._subdirs[name] = os.open(name, O_DIR, dir_fd=self.fd)
             return fd
+
+    def verify_file(self, rel: str, size: int, checksum: tuple[str, str]) -> None:
+        """Check one file against its size and checksum (read through, nothing kept)."""
+        with self.open_file(rel) as f:
+            got, digest = digest_stream(f, checksum[0])
+        if got != size:
+            raise DataError(f"file has {got} bytes, manifest says {size} (truncated or replaced?)", Location(self.where(rel)))
+        check_digest(checksum, digest, self.where(rel))
 
     def removed(self) -> bool:
         """True if this directory was deleted, or is being deleted, since it was opened."""

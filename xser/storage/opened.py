@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean
-from .checksums import digest_bytes, digest_stream
+from .checksums import digest_bytes
 from .checksums import verify as check_digest
 from .formats import get_format
 from .formats.npy import header_from_bytes as npy_header_from_bytes
@@ -33,7 +33,7 @@ from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 
-__all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather"]
+__all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather", "stop"]
 
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
 
@@ -177,7 +177,7 @@ class OpenedDir(DirHandle):
             return
         if verify:  # each block file once, before any of it is used
             for block in entry.blocks:
-                self.verify_file(block)
+                self.verify_file(block.file, block.bytes, block.checksum)
         if not entry.shape:
             yield self.read(entry).reshape(-1)
             return
@@ -185,15 +185,6 @@ class OpenedDir(DirHandle):
         step = max(1, elements // row)
         for first in range(0, entry.shape[0], step):
             yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)
-
-    def verify_file(self, block: Block) -> None:
-        """Check one file against its size and checksum (read through, nothing kept)."""
-        with self.open_file(block.file) as f:
-            size, digest = digest_stream(f, block.checksum[0])
-        where = self.where(block.file)
-        if size != block.bytes:
-            raise DataError(f"file has {size} bytes, manifest says {block.bytes} (truncated or replaced?)", Location(where))
-        check_digest(block.checksum, digest, where)
 
     def read_many(
         self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None
@@ -287,10 +278,14 @@ def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]])
         for (sub, name), fut in futs.items():
             into[sub][name] = fut.result()
     except BaseException:
-        running = [f for f in futs.values() if isinstance(f, Future) and not f.cancel()]
-        wait(running)  # nothing reads on after the caller has its error (and may close the directory)
+        stop(futs.values())  # nothing reads on after the caller has its error (and may close the directory)
         raise
     return into
+
+
+def stop(futs: Iterable[Any]) -> None:
+    """Cancel the reads that have not started and wait for the running ones."""
+    wait([f for f in futs if isinstance(f, Future) and not f.cancel()])
 
 
 def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:

@@ -18,8 +18,7 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location
-from .checksums import DEFAULT_CHECKSUM, digest_bytes, digest_stream
-from .checksums import verify as check_digest
+from .checksums import DEFAULT_CHECKSUM, digest_bytes
 from .formats import FORMATS
 from .formats.npy import NPY, header_for
 from .fsutil import fsync_file, os_error
@@ -109,12 +108,7 @@ def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:
 def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
     f: FromFile = piece.payload
     if f.verify:
-        with f.source.open_file(f.rel) as src:
-            size, digest = digest_stream(src, f.checksum[0])
-        where = os.path.join(f.source.path, f.rel)
-        if size != f.bytes:
-            raise DataError(f"file has {size} bytes, manifest says {f.bytes} (truncated or replaced?)", Location(where))
-        check_digest(f.checksum, digest, where)
+        f.source.verify_file(f.rel, f.bytes, f.checksum)
     linked = link_or_copy(f.source, f.rel, path)
     if durable and not linked:
         fsync_file(path)

@@ -195,21 +195,45 @@ def _exact(pieces: Iterator[np.ndarray], n: int, total: int, where: str) -> Iter
         raise CheckpointError(f"the file gave {done + fill} elements, {total} expected", Location(where))
 
 
+def _mean_chunk(sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool) -> tuple[bool, np.ndarray]:
+    """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
+    the same bits, and return the first checkpoint's bits."""
+    same = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
+    first = None
+    for i, (src_iter, w) in enumerate(zip(sources, wts)):
+        piece = next(src_iter)
+        bits = piece.view(np.uint8)
+        if i == 0:
+            first = bits
+        elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
+            same = False  # checkpoints that differ almost always differ in the first values
+        src = _real_parts(piece)
+        if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
+            np.copyto(a, src) if unit else np.multiply(src, w, out=a)
+        elif unit:
+            np.add(a, src, out=a)
+        else:
+            np.multiply(src, w, out=t)
+            np.add(a, t, out=a)
+    return same, first
+
+
+def _real_parts(a: np.ndarray) -> np.ndarray:
+    """Complex numbers are averaged as pairs of reals: multiplying or dividing by a complex weight
+    would turn inf into nan and lose the sign of -0.0."""
+    if a.dtype.kind != "c":
+        return a
+    return a.view(np.dtype(a.dtype.byteorder + "f" + str(a.dtype.itemsize // 2)))
+
+
 def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accumulate, chunk_elems, progress, verify=True) -> Stream:
     e0 = entries[0]
-    dtype, size = e0.dtype, int(np.prod(e0.shape, dtype=np.int64))
+    dtype, size = e0.dtype, math.prod(e0.shape)
     acc_dtype = _accumulator(dtype, accumulate)
     total = sum(weights)
     unit = all(w == 1.0 for w in weights)
 
-    # complex numbers are averaged as pairs of reals: multiplying or dividing by a complex
-    # weight would turn inf into nan and lose the sign of -0.0
     acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
-
-    def parts(a: np.ndarray) -> np.ndarray:
-        if a.dtype.kind != "c":
-            return a
-        return a.view(np.dtype(a.dtype.byteorder + "f" + str(a.dtype.itemsize // 2)))
 
     def chunks():
         wts = [acc_real.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision
@@ -223,41 +247,22 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
             _exact(d.chunks(e, n, raw0 if i == 0 else raw, verify=verify), n, size, d.where(e.blocks[0].file))
             for i, (d, e) in enumerate(zip(dirs, entries))
         ]
-        quiet = np.errstate(invalid="ignore", over="ignore")  # NaN and inf are averaged like any value, without warnings
-        quiet.__enter__()
         try:
             for start in range(0, size, n):
                 m = min(n, size - start)
-                a = parts(acc[:m])
-                same = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
-                for i, (src_iter, w) in enumerate(zip(sources, wts)):
-                    piece = next(src_iter)
-                    if same:
-                        bits = piece.view(np.uint8)
-                        if i == 0:
-                            first = bits
-                        elif not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first):
-                            same = False  # checkpoints that differ almost always differ in the first values
-                    src = parts(piece)
-                    if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-                        np.copyto(a, src) if unit else np.multiply(src, w, out=a)
-                    elif unit:
-                        np.add(a, src, out=a)
+                a = _real_parts(acc[:m])
+                with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
+                    same, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit)
+                    if total != 1.0:
+                        np.divide(a, acc_real.type(total), out=a)
+                    if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
+                        out[:m].view(np.uint8)[:] = first
                     else:
-                        t = parts(tmp[:m])
-                        np.multiply(src, w, out=t)
-                        np.add(a, t, out=a)
-                if total != 1.0:
-                    np.divide(a, acc_real.type(total), out=a)
-                if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
-                    out[:m].view(np.uint8)[:] = first
-                else:
-                    np.copyto(out[:m], acc[:m], casting="unsafe")
+                        np.copyto(out[:m], acc[:m], casting="unsafe")
                 if progress is not None:
                     progress(m * dtype.itemsize * len(sources))
                 yield out[:m].view(np.uint8)
         finally:
-            quiet.__exit__(None, None, None)
             for src_iter in sources:
                 src_iter.close()
 

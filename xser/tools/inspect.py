@@ -15,6 +15,7 @@ from ..errors import DataError, Location
 from ..spec import Tagged, children, format_path
 from ..spec.saved import SavedModel, open_saved, top_level_state
 from ..storage.listing import Checkpoint, scan
+from .convert import spec_subcols
 
 __all__ = ["ModelView", "open_model", "verify_model"]
 
@@ -26,18 +27,6 @@ _TOP = {
     "no copy": "this checkpoint (format_version 1) has no spec of its own; the top-level file is its spec",
     "unreadable": "the top-level spec file cannot be read; the checkpoint's own spec is used",
 }
-
-
-def spec_names(tree: Any) -> list[str]:
-    """Subcollection names written in a spec tree (``xser_subcol_name``), in order, without repeats."""
-    seen: dict[str, None] = {}
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Tagged) and node.tag != "!Ref" and isinstance(node.args.get("xser_subcol_name"), str):
-            seen.setdefault(node.args["xser_subcol_name"])
-        stack.extend(v for _, v in reversed(list(children(node))))
-    return list(seen)
 
 
 class ModelView:
@@ -184,7 +173,7 @@ def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
 
 def belong_together(saved: SavedModel) -> None:
     """The spec names exactly the subcollections the data holds; a ``DataError`` says which differ."""
-    named = set(spec_names(saved.experiment))
+    named = set(spec_subcols(saved.experiment))
     held = set(saved.data.subcollections)
     missing, unused = sorted(named - held), sorted(held - named)
     if missing or unused:
