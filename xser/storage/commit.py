@@ -58,7 +58,6 @@ class Staging:
     """A data directory being made under a temporary name beside its target."""
 
     path: str
-    target: str
     durable: bool
     manifest: dict = attrs.field(factory=dict)
     written: int = 0
@@ -75,7 +74,7 @@ def stage(target: str, *, durable: bool) -> Iterator[Staging]:
     OS errors inside the block become ``DataError``s that name the file.
     """
     parent = os.path.dirname(os.path.abspath(target))
-    staging = Staging(temp_name(target), target, durable)
+    staging = Staging(temp_name(target), durable)
     try:
         makedirs_durable(parent, durable=durable)
         os.mkdir(staging.path)

@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 from ..errors import CheckpointError, Location
+from .fsutil import makedirs_durable
 
 try:
     import fcntl
@@ -40,8 +41,6 @@ class ModelLock:
         self._pid = 0
 
     def acquire(self) -> ModelLock:
-        from .fsutil import makedirs_durable
-
         try:
             makedirs_durable(os.path.dirname(self.path), durable=True)  # rare: only directories it creates
         except OSError as e:

@@ -130,12 +130,6 @@ def _link_candidate(previous: Any, sub: str, name: str, payload: Any, fmt: str, 
     return None
 
 
-def _dtype_shape(item: Any) -> tuple[np.dtype, tuple]:
-    if isinstance(item, (FromFile, FromFiles, Stream)):
-        return np.dtype(item.dtype), tuple(item.shape)
-    return item.dtype, tuple(item.shape)
-
-
 def plan_save(
     arrays: Mapping[str, Mapping[str, tuple[Any, bool]]],
     *,
@@ -158,7 +152,7 @@ def plan_save(
             link = _link_candidate(prev, sub, name, payload, pfmt, start, shape)
             refs.append((len(pieces), start, shape))
             pieces.append(Piece(rel, payload, pfmt, options if pfmt == fmt else {}, link))
-        dtype, shape = _dtype_shape(item)
+        dtype, shape = np.dtype(item.dtype), tuple(item.shape)
         return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
 
     for sub, items in arrays.items():
