@@ -20,7 +20,7 @@ import numpy as np
 
 from . import writes_files
 from ..errors import DataError, Location
-from ..spec import Tagged, dump, iter_tagged, parse, read
+from ..spec import Tagged, dump, iter_tagged, parse
 from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
 
 
@@ -109,7 +109,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
     directories, so a saver rotating them meanwhile cannot mix them.
     """
     from ..errors import CheckpointError
-    from ..spec.saved import check_saved
+    from ..spec.saved import with_spec
     from ..storage.listing import scan
 
     model, out = os.fspath(model), os.fspath(out)
@@ -120,9 +120,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
         if not s.listed:
             raise CheckpointError("the model has no checkpoints", Location(model))
         newest = s.listed[0][1]
-        spec_text = newest.spec_text()
-        doc = read(model) if spec_text is None else parse(spec_text, newest.where("spec.yaml"))
-        _, exp = check_saved(doc)
+        exp = with_spec(model, newest).experiment
         spec_names = [n.args["xser_subcol_name"] for n in iter_tagged(exp) if isinstance(n.args.get("xser_subcol_name"), str)]
         for c, data in s.listed:
             xnmt = (data.meta.get("training") or {}).get("xnmt") or {}

@@ -23,7 +23,7 @@ from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir
 from .yamlio import Doc, dump, parse, read
 
-__all__ = ["SPEC_FORMAT", "SavedModel", "is_saved", "open_saved", "render_saved", "spec_header", "top_level_state"]
+__all__ = ["SPEC_FORMAT", "SavedModel", "is_saved", "open_saved", "render_saved", "spec_header", "top_level_state", "with_spec"]
 
 SPEC_FORMAT = 1
 _HEADER = "# xser saved model: the spec of one experiment; its parameters are in {data}/\n"
@@ -97,19 +97,24 @@ def open_saved(path: str | os.PathLike, checkpoint: int = 0) -> SavedModel:
             raise _not_saved(path) from None
         raise
     try:
-        text = data.spec_text()
-        if text is None:  # format_version 1: the top-level file is the spec
-            doc, source = read(path), path
-        else:
-            source = os.path.join(data.path, SPEC_FILE)
-            doc = parse(text, source)
-        if not is_saved(doc):
-            raise _not_saved(source)
-        name, experiment = check_saved(doc)
-        return SavedModel(path, name, experiment, doc, data, source)
+        return with_spec(path, data)
     except BaseException:
         data.close()
         raise
+
+
+def with_spec(path: str, data: OpenedDir) -> SavedModel:
+    """An opened checkpoint of the model at ``path`` with the spec it was saved with (the caller owns ``data``)."""
+    text = data.spec_text()
+    if text is None:  # format_version 1: the top-level file is the spec
+        doc, source = read(path), path
+    else:
+        source = os.path.join(data.path, SPEC_FILE)
+        doc = parse(text, source)
+    if not is_saved(doc):
+        raise _not_saved(source)
+    name, experiment = check_saved(doc)
+    return SavedModel(path, name, experiment, doc, data, source)
 
 
 def top_level_state(path: str, data: OpenedDir) -> str:

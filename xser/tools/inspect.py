@@ -13,7 +13,7 @@ from typing import Any
 from ..api import retrying
 from ..errors import DataError, Location
 from ..spec import Tagged, children, format_path
-from ..spec.saved import SavedModel, open_saved, top_level_state
+from ..spec.saved import SavedModel, open_saved, top_level_state, with_spec
 from ..storage.listing import Checkpoint, scan
 from .convert import spec_subcols
 
@@ -186,21 +186,23 @@ def belong_together(saved: SavedModel) -> None:
 
 
 def verify_model(path: str | os.PathLike) -> list[str]:
-    """Check every checkpoint (checksums of every file, its spec against its data); one line per checkpoint."""
-    path = os.fspath(path)
-    with scan(path) as s:
-        ckpts = s.checkpoints
-    lines = []
-    for c in ckpts:
-        def once(k: int = c.index) -> str:
-            with open_saved(path, k) as saved:
-                saved.data.read_all(verify=True)
-                state = saved.data.read_state_arrays(verify=True)
-                belong_together(saved)
-                n = sum(len(b.blocks) for p in saved.data.subcollections.values() for b in p.values())
-                n += sum(len(e.blocks) for e in saved.data.manifest.state_entries.values()) + (saved.data.manifest.spec is not None)
-                del state
-                return f"checkpoint {k} ({os.path.basename(saved.data.path)}): {n} files match their checksums; spec and data belong together"
+    """Check every checkpoint (checksums of every file, its spec against its data); one line per checkpoint.
 
-        lines.append(retrying(path, once))
-    return lines
+    The checkpoints come from one listing and are checked through its opened directories."""
+    path = os.fspath(path)
+
+    def once() -> list[str]:
+        lines = []
+        with scan(path) as s:
+            for c, data in s.listed:
+                saved = with_spec(path, data)
+                data.read_all(verify=True)
+                data.read_state_arrays(verify=True)
+                belong_together(saved)
+                n = sum(len(e.blocks) for p in data.subcollections.values() for e in p.values())
+                n += sum(len(e.blocks) for e in data.manifest.state_entries.values()) + (data.manifest.spec is not None)
+                lines.append(f"checkpoint {c.index} ({os.path.basename(data.path)}): {n} files match their checksums; "
+                             "spec and data belong together")
+        return lines
+
+    return retrying(path, once)
