@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from components import Leaf, Node
+from xser.storage.formats.npy import describe_dtype
 
 # Every kind of dtype numpy stores in .npy without pickle.
 scalar_dtypes = st.one_of(
@@ -22,8 +24,11 @@ scalar_dtypes = st.one_of(
     hnp.unicode_string_dtypes(min_len=1, max_len=4, endianness="?"),
 )
 record_dtypes = hnp.array_dtypes(subtype_strategy=scalar_dtypes, min_size=1, max_size=3)
+# numpy lacks these; xser stores their bits (ml_dtypes, a test dependency, gives them to numpy)
+ml_dtypes_ = st.sampled_from(["bfloat16", "float8_e4m3fn", "float8_e5m2"]).map(lambda t: np.dtype(getattr(ml_dtypes, t)))
+all_dtypes = st.one_of(scalar_dtypes, record_dtypes, ml_dtypes_)
+# Raw bytes carry no meaning: refused before anything is written.
 void_dtypes = st.integers(1, 8).map(lambda n: np.dtype(f"V{n}"))
-all_dtypes = st.one_of(scalar_dtypes, record_dtypes, void_dtypes)
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
 param_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,12}", fullmatch=True)
@@ -33,7 +38,7 @@ param_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,12}", fullmatch=True)
 def arrays(draw, dtype=all_dtypes):
     dt = draw(dtype)
     shape = draw(shapes)
-    if dt.kind == "V" and dt.names is None:  # raw bytes: hypothesis has no strategy for them
+    if dt.kind == "V" and dt.names is None or dt.type.__module__ == "ml_dtypes":  # any bits: hypothesis has no strategy
         raw = draw(hnp.arrays(np.uint8, shape + (dt.itemsize,)))
         arr = raw.view(dt).reshape(shape)
     else:
@@ -51,12 +56,19 @@ def param_sets(draw):
 
 def leaf_of(arrays_by_name: dict) -> Leaf:
     """A Leaf component holding exactly these arrays."""
-    spec = {k: [np.lib.format.dtype_to_descr(a.dtype), list(a.shape)] for k, a in arrays_by_name.items()}
+    spec = {k: [describe_dtype(a.dtype), list(a.shape)] for k, a in arrays_by_name.items()}
     leaf = Leaf(spec)
     sub = __import__("xser").params(leaf)
     for k, a in arrays_by_name.items():
         sub[k] = a
     return leaf
+
+
+def as_stored(a: np.ndarray) -> np.ndarray:
+    """What ``np.load`` gives for a saved array: bfloat16 and float8 as their bits, other dtypes as they are."""
+    from xser.storage.dtypes import storage_of
+
+    return a.view(storage_of(a.dtype))
 
 
 def bit_equal(a: np.ndarray, b: np.ndarray) -> bool:

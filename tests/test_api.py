@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 import xser
 from components import Linear, Model, Node, Norm
 from helpers import edit_spec
-from strategies import bit_equal, component_trees, leaf_of, param_sets
+from strategies import as_stored, bit_equal, component_trees, leaf_of, param_sets
 from xser.model.serialize import to_tree
 
 HERE = os.path.dirname(__file__)
 GOLDEN = os.path.join(HERE, "data", "golden")
 GOLDEN_V1 = os.path.join(HERE, "data", "golden-v1")
+GOLDEN_V2 = os.path.join(HERE, "data", "golden-v2")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -63,13 +64,13 @@ class TestRoundTrip:
     @FAST
     @given(params=param_sets())
     def test_files_are_plain_npy(self, tmp_path_factory, params):
-        """Each array file is readable by numpy.load(allow_pickle=False) alone."""
+        """Each array file is readable by numpy.load(allow_pickle=False) alone (bfloat16 and float8 as their bits)."""
         path = str(tmp_path_factory.mktemp("np") / "m.yaml")
         leaf = leaf_of(params)
         xser.save(leaf, path, durable=False)
         name = xser.params(leaf).name
         for k, a in params.items():
-            assert bit_equal(np.load(os.path.join(path + ".data", name, k + ".npy"), allow_pickle=False), a)
+            assert bit_equal(np.load(os.path.join(path + ".data", name, k + ".npy"), allow_pickle=False), as_stored(a))
 
     def test_shared_object_saved_once(self, tmp_path):
         """An object reached twice is saved once; the second place is a !Ref; identity survives."""
@@ -339,6 +340,17 @@ class TestGoldenFormat:
         assert sorted(produced) == sorted(expected)
         for name in expected:
             assert produced[name] == expected[name], name
+
+    def test_format_version_2_still_loads(self, tmp_path):
+        """A model saved by xser 0.2 (format_version 2: numpy dtypes only) loads, and its next save writes version 3."""
+        shutil.copytree(GOLDEN_V2, tmp_path / "old")
+        path = tmp_path / "old" / "model.yaml"
+        exp = xser.load(path)
+        assert np.all(exp["model"].encoder.W == 1) and exp["tied"] is exp["model"].encoder
+        (ck,) = xser.checkpoints(path)
+        assert (ck.id, ck.step, ck.training) == ("ID", None, {"step": 10})
+        xser.save(exp, path)
+        assert json.loads(Path(str(path) + ".data/manifest.json").read_text())["format_version"] == 3
 
     def test_format_version_1_still_loads(self, tmp_path):
         """A model saved by xser 0.1 (format_version 1: no spec copy, no ids) loads with its top-level spec."""

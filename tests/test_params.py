@@ -1,5 +1,8 @@
 """Parameter declarations: names, shapes, dtypes, initialisers."""
 
+import sys
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -50,7 +53,13 @@ class TestAdd:
         (dict(name="w", shape=(1, -1)), "shape must be a tuple of non-negative ints, got (1, -1)"),
         (dict(name="w", shape="ab"), "shape must be a tuple of ints, got 'ab'"),
         (dict(name="w", shape=(2,), dtype="nope"), "unknown dtype 'nope'"),
-        (dict(name="w", shape=(2,), dtype=object), "object dtypes cannot be saved"),
+        (dict(name="w", shape=(2,), dtype=object), "param 'w': object dtypes need pickle and are not supported"),
+        (dict(name="w", shape=(2,), dtype="V8"), "param 'w': raw void dtype |V8 cannot be saved (its meaning is not recorded); "
+         "view it as uint8 or a record dtype"),
+        (dict(name="w", shape=(2,), dtype=[("a", "<f4"), ("b", "V2")]), "param 'w': field 'b': raw void dtype |V2 cannot be saved"),
+        (dict(name="w", shape=(2,), dtype=ml_dtypes.int4), "param 'w': ml_dtypes.int4 is not supported "
+         "(of ml_dtypes' types xser stores bfloat16, float8_e4m3fn, float8_e5m2)"),
+        (dict(name="w", shape=(2,), dtype=ml_dtypes.float8_e4m3fnuz), "param 'w': ml_dtypes.float8_e4m3fnuz is not supported"),
         (dict(name="w", shape=(2,), init="gaussian"), "unknown init 'gaussian' (known: glorot_normal"),
         (dict(name="w", shape=(2,), init=np.zeros(3)), "init gave shape (3,), declared (2,)"),
     ]
@@ -62,6 +71,23 @@ class TestAdd:
         with pytest.raises(xser.RegistryError) as info:
             p.add(kw.pop("name"), kw.pop("shape"), **kw)
         assert message in str(info.value)
+
+    @pytest.mark.parametrize("tag", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+    def test_ml_dtypes_by_name(self, tag):
+        """The table's extension dtypes may be named by their tag; they are ml_dtypes arrays."""
+        a = Holder().p.add("w", (3,), dtype=tag, init="ones")
+        assert a.dtype == np.dtype(getattr(ml_dtypes, tag)) and a.astype(np.float32).tolist() == [1.0, 1.0, 1.0]
+
+    @pytest.mark.parametrize("tag", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+    def test_without_ml_dtypes_says_what_to_install(self, tag, monkeypatch):
+        """Without ml_dtypes, naming an extension dtype is refused at add() with the package to install."""
+        from xser.storage import dtypes
+
+        monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+        monkeypatch.setattr(dtypes, "_ML", {})
+        with pytest.raises(xser.RegistryError) as info:
+            Holder().p.add("w", 2, dtype=tag)
+        assert str(info.value).endswith(f"param 'w': dtype {tag} needs the ml_dtypes package in numpy: pip install ml_dtypes")
 
     def test_declared_twice(self):
         """A name declared twice is an error."""

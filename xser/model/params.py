@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location, RegistryError, shape_str
+from ..storage.dtypes import dtype_problem, resolve
 from .registry import info_for
 
 __all__ = ["INITS", "ParamDecl", "Subcollection", "params", "subcollection_of"]
@@ -147,11 +148,14 @@ class Subcollection:
             raise RegistryError(f"{where} is declared twice")
         shape = _shape(shape, where)
         try:
-            dt = np.dtype(dtype)
+            dt = resolve(dtype)
         except TypeError:
             raise RegistryError(f"{where}: unknown dtype {dtype!r}") from None
-        if dt.hasobject:
-            raise RegistryError(f"{where}: object dtypes cannot be saved")
+        except ImportError as e:
+            raise RegistryError(f"{where}: {e}") from None
+        why = dtype_problem(dt)
+        if why is not None:
+            raise RegistryError(f"{where}: {why}")
         if format is not None:
             from ..storage.formats import FORMATS, get_format
 

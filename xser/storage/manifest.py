@@ -40,8 +40,9 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 SPEC_FILE = "spec.yaml"
-#: 2 added ``id``, ``model`` and ``spec`` (each checkpoint carries its own spec).
-FORMAT_VERSION = 2
+#: 2 added ``id``, ``model`` and ``spec`` (each checkpoint carries its own spec); 3 added the tags of
+#: extension dtypes (``"bfloat16"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``), stored as their bits.
+FORMAT_VERSION = 3
 STATE_DIR = "training_state"
 
 
@@ -258,6 +259,8 @@ def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
         raise
     except KeyError as err:
         raise _bad(f"{where}: missing field {err.args[0]!r}", mpath) from None
+    except ImportError as err:  # an extension dtype (bfloat16) without ml_dtypes: not corrupt, but unreadable here
+        raise DataError(f"{where}: {err}", Location(mpath)) from None
     except (TypeError, ValueError, OverflowError) as err:
         raise _bad(f"{where}: {err}", mpath) from None
     return ParamEntry(sub, pname, dtype, shape, trainable, parsed)

@@ -29,6 +29,7 @@ from .checksums import verify as check_digest
 from .formats import get_format
 from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
+from .dtypes import storage_of
 from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
@@ -225,9 +226,9 @@ class OpenedDir(DirHandle):
                 return None
             shape, fortran, dtype, offset = head
             nbytes = math.prod(shape) * dtype.itemsize
-            if dtype != entry.dtype or shape != entry.shape or offset + nbytes != st.st_size or not nbytes:
+            if dtype != storage_of(entry.dtype) or shape != entry.shape or offset + nbytes != st.st_size or not nbytes:
                 return None
-            return map_fd(fd, dtype, offset, shape, "F" if fortran else "C")
+            return map_fd(fd, entry.dtype, offset, shape, "F" if fortran else "C")
         finally:
             os.close(fd)
 

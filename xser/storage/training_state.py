@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from .dtypes import dtype_problem
 from .payloads import FromFile
 
 __all__ = ["ARRAY_KEY", "decode", "encode"]
@@ -26,8 +27,9 @@ def encode(state: Any) -> tuple[Any, dict[str, Any]]:
 
     def walk(value: Any, where: str) -> Any:
         if isinstance(value, (np.ndarray, FromFile)):
-            if isinstance(value, np.ndarray) and value.dtype.hasobject:
-                raise DataError(f"training_state{where}: object arrays cannot be saved (they need pickle)")
+            why = dtype_problem(value.dtype) if isinstance(value, np.ndarray) else None
+            if why is not None:
+                raise DataError(f"training_state{where}: {why}")
             key = str(len(arrays))
             arrays[key] = value
             return {ARRAY_KEY: key}

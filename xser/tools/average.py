@@ -27,6 +27,7 @@ from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location, did_you_mean, shape_str
 from ..spec.saved import is_saved
 from ..spec import read
+from ..storage.dtypes import is_averaged, round_into, tag_of
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
 from ..storage.manifest import ParamEntry
@@ -132,6 +133,8 @@ def _weights(weights: Sequence[float] | None, n: int, where: Location) -> tuple[
 
 def _accumulator(dtype: np.dtype, accumulate: str) -> np.dtype:
     base = np.dtype(accumulate)
+    if tag_of(dtype) is not None:  # bfloat16, float8: never in their own precision
+        return base
     if dtype.kind == "c":
         base = np.result_type(base, np.complex64)
     acc = np.result_type(dtype.newbyteorder("="), base)
@@ -195,7 +198,9 @@ def _exact(pieces: Iterator[np.ndarray], n: int, total: int, where: str) -> Iter
         raise CheckpointError(f"the file gave {done + fill} elements, {total} expected", Location(where))
 
 
-def _mean_chunk(sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool) -> tuple[bool, np.ndarray]:
+def _mean_chunk(
+    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None
+) -> tuple[bool, np.ndarray]:
     """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
     the same bits, and return the first checkpoint's bits."""
     same = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
@@ -208,6 +213,9 @@ def _mean_chunk(sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, u
         elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
             same = False  # checkpoints that differ almost always differ in the first values
         src = _real_parts(piece)
+        if conv is not None:  # an extension dtype: widened exactly before any arithmetic
+            np.copyto(conv[: src.size], src, casting="unsafe")
+            src = conv[: src.size]
         if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
             np.copyto(a, src) if unit else np.multiply(src, w, out=a)
         elif unit:
@@ -241,6 +249,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
         acc = np.empty(n, acc_dtype)
         tmp = np.empty(n, acc_dtype) if not unit else None
         out = np.empty(n, dtype)
+        conv = np.empty(n, acc_dtype) if tag_of(dtype) is not None else None
         raw = np.empty(n * dtype.itemsize, np.uint8)  # shared: each piece is used before the next is read
         raw0 = np.empty(n * dtype.itemsize, np.uint8)  # the first checkpoint's own: its piece is compared with the others
         sources = [
@@ -252,13 +261,13 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                 m = min(n, size - start)
                 a = _real_parts(acc[:m])
                 with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
-                    same, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit)
+                    same, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit, conv)
                     if total != 1.0:
                         np.divide(a, acc_real.type(total), out=a)
                     if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
                         out[:m].view(np.uint8)[:] = first
                     else:
-                        np.copyto(out[:m], acc[:m], casting="unsafe")
+                        round_into(out[:m], acc[:m])
                 if progress is not None:
                     progress(m * dtype.itemsize * len(sources))
                 yield out[:m].view(np.uint8)
@@ -322,7 +331,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     if progress is not None:  # the bytes that will be read: the floating arrays of every selected checkpoint
         total = sum(
             e.nbytes for d in dirs for ps in d.subcollections.values() for e in ps.values()
-            if e.dtype.kind in "fc" and e.dtype.fields is None
+            if is_averaged(e.dtype)
         )
         progress = progress(total)
     workers = max(1, pool()._max_workers)
@@ -332,8 +341,8 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
         arrays[sub] = {}
         for name, e0 in params.items():
             entries = [d.subcollections[sub][name] for d in dirs]
-            if e0.dtype.kind in "fc" and e0.dtype.fields is None:
-                per_elem = 2 * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
+            if is_averaged(e0.dtype):
+                per_elem = (3 if tag_of(e0.dtype) else 2) * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
                 chunk = max(1, min(CHUNK_ELEMENTS, memory_budget // workers // per_elem))
                 arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable)
                 averaged.append(f"{sub}/{name}")

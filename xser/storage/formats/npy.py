@@ -30,6 +30,7 @@ warnings.filterwarnings("ignore", message="Stored array in format 3.0", category
 from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
+from ..dtypes import dtype_problem, entry_of, storage_of, tag_of
 
 __all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
 
@@ -68,8 +69,10 @@ class Format(Protocol):
 
 
 def describe_dtype(dtype: np.dtype):
-    """The manifest's dtype: numpy's ``.npy`` descr (``'<f4'``, or a list for records)."""
-    return npf.dtype_to_descr(np.dtype(dtype))
+    """The manifest's dtype: numpy's ``.npy`` descr (``'<f4'``, or a list for records), or the tag of an
+    extension dtype (``"bfloat16"``, stored as its bits)."""
+    dtype = np.dtype(dtype)
+    return tag_of(dtype) or npf.dtype_to_descr(dtype)
 
 
 def _from_json(descr):
@@ -89,10 +92,15 @@ def _from_json(descr):
 
 
 def parse_dtype(descr) -> np.dtype:
-    """Inverse of ``describe_dtype``; raises ``ValueError``/``TypeError`` on junk."""
+    """Inverse of ``describe_dtype``; raises ``ValueError``/``TypeError`` on junk (and an ``ImportError``
+    naming the package for an extension dtype when ml_dtypes is missing)."""
+    ext = entry_of(descr)
+    if ext is not None:
+        return ext
     dt = npf.descr_to_dtype(_from_json(descr))
-    if dt.hasobject:
-        raise ValueError("object dtypes need pickle and are not supported")
+    why = dtype_problem(dt)
+    if why is not None:
+        raise ValueError(why)
     return dt
 
 
@@ -109,7 +117,7 @@ def _header(array: np.ndarray) -> bytes:
 
 def header_for(dtype: np.dtype, shape: tuple, fortran: bool) -> bytes:
     """The ``.npy`` header numpy writes for an array of this dtype, shape and memory order."""
-    d = {"descr": npf.dtype_to_descr(np.dtype(dtype)), "fortran_order": bool(fortran), "shape": tuple(shape)}
+    d = {"descr": npf.dtype_to_descr(storage_of(np.dtype(dtype))), "fortran_order": bool(fortran), "shape": tuple(shape)}
     buf = io.BytesIO()
     write = getattr(_IMPL, "_write_array_header", None)  # picks 1.0, 2.0 or 3.0 (utf-8 names)
     if write is not None:
@@ -221,8 +229,9 @@ class NpyFormat:
     suffix = ".npy"
 
     def _prepare(self, path: str, array: np.ndarray) -> tuple[bytes, np.ndarray]:
-        if array.dtype.hasobject:
-            raise DataError("object arrays cannot be saved (they need pickle)", _where(path))
+        why = dtype_problem(array.dtype)
+        if why is not None:
+            raise DataError(why, _where(path))
         if not (array.flags.c_contiguous or array.flags.f_contiguous):
             array = np.ascontiguousarray(array)
         return _header(array), (byte_view(array) if array.size else np.empty(0, np.uint8))
@@ -321,8 +330,9 @@ class NpyFormat:
             raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(where))
         f.seek(0)
         fshape, fortran, fdtype, offset = read_header(f, where)
-        if fdtype != dtype:
-            raise DataError(f"header says dtype {fdtype}, manifest says {dtype}", _where(where))
+        if fdtype != storage_of(dtype):
+            stored = f"{dtype} (stored as {storage_of(dtype)})" if storage_of(dtype) != dtype else f"{dtype}"
+            raise DataError(f"header says dtype {fdtype}, manifest says {stored}", _where(where))
         if tuple(fshape) != tuple(shape):
             raise DataError(f"header says shape {shape_str(fshape)}, manifest says {shape_str(shape)}", _where(where))
         nbytes = math.prod(shape) * dtype.itemsize
