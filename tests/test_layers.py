@@ -22,6 +22,7 @@ LAYERS = [
     ("api", 5, ("xser.api",)),
     ("tools", 6, ("xser.tools",)),
     ("interop", 6, ("xser.interop",)),
+    ("torch", 6, ("xser.torch",)),
     ("cli", 7, ("xser.cli", "xser.demo", "xser.__main__")),
 ]
 
@@ -113,6 +114,15 @@ def test_no_cycles():
         if n not in state:
             visit(n)
     assert cycles == []
+
+
+def test_import_xser_never_imports_torch():
+    """``import xser`` (and the CLI) must not import torch; only ``xser.torch`` does."""
+    import subprocess
+    import sys
+
+    code = "import sys, xser, xser.cli, xser.tools.average, xser.interop; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_modules_are_small():

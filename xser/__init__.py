@@ -13,6 +13,7 @@ from ._version import __version__ as __version__
 from .api import build as build
 from .api import load as load
 from .api import load_config as load_config
+from .api import load_into as load_into
 from .api import load_training_state as load_training_state
 from .api import read_params as read_params
 from .api import save as save
@@ -63,6 +64,7 @@ __all__ = [
     "checkpoints",
     "load",
     "load_config",
+    "load_into",
     "load_training_state",
     "params",
     "read_params",

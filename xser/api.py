@@ -13,16 +13,18 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .checkpoints.saver import SaveOptions, save_model
-from .errors import CheckpointError, Location, SpecError
+from .errors import CheckpointError, DataError, Location, SpecError
 from .model.build import ExperimentSpec, build_spec
+from .model.adapters import array_kind
 from .model.build import build as _build
+from .model.serialize import subcols_by_path, to_tree
 from .spec import read
 from .spec.saved import is_saved, open_saved
 from .storage import training_state
 from .storage.listing import open_checkpoint
 from .storage.opened import CheckpointVanished, gather
 
-__all__ = ["build", "load", "load_config", "load_training_state", "read_params", "save"]
+__all__ = ["build", "load", "load_config", "load_into", "load_training_state", "read_params", "save"]
 
 T = TypeVar("T")
 #: times a reader starts over when the checkpoint it reads is pruned under it
@@ -116,6 +118,7 @@ def load(
     verify: bool = False,
     checkpoint: int = 0,
     rows: dict | None = None,
+    device: Any = None,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
@@ -126,15 +129,58 @@ def load(
     with the spec it was saved with.
     ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
     component then holds a partial array: its first dimension is ``stop - first``).
+    ``device`` (torch components): where their tensors go after they are read (default: the CPU).
     """
     path = os.fspath(path)
 
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)
-            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device)
 
     return retrying(path, once)
+
+
+def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict: bool = True, verify: bool = False) -> None:
+    """Fill the parameters of an object already built (``obj``) in place from a saved model.
+
+    Components are matched by their place in the object graph (``model.encoder``), parameters by
+    name; arrays and tensors keep their identity, so an optimizer made before the load stays valid.
+    A parameter the object has and the checkpoint lacks is an error; with ``strict`` (the default)
+    so is one the checkpoint has and the object lacks. Both are listed, sorted, with the file.
+    """
+    path = os.fspath(path)
+    _, live = to_tree(obj)
+
+    def once() -> None:
+        with open_saved(path, checkpoint) as saved:
+            data = saved.data
+            stored = subcols_by_path(saved.experiment)
+            plan = []
+            for name, (sub, where) in live.items():
+                key = "" if where == "the root" else where
+                disk = stored.get(key)
+                if disk is None or disk not in data.subcollections:
+                    raise DataError(f"the saved model has no parameters for the component at {where} ({name})", Location(path))
+                entries = data.subcollections[disk]
+                missing, unexpected = sorted(set(sub) - set(entries)), sorted(set(entries) - set(sub))
+                if missing or (strict and unexpected):
+                    text = "; ".join(
+                        f"{what} key(s): " + ", ".join(f'"{k}"' for k in keys)
+                        for what, keys in (("missing", missing), ("unexpected", unexpected if strict else []))
+                        if keys
+                    )
+                    raise DataError(f"{text} (component at {where})", Location(os.path.join(data.path, disk)))
+                plan.append((sub, disk, [e for n, e in entries.items() if n in sub]))
+            if strict:
+                unused = sorted(set(data.subcollections) - {disk for _, disk, _ in plan})
+                if unused:
+                    raise DataError(f"subcollections on disk are not used by the object: {', '.join(unused)} (strict=False ignores them)", Location(data.path))
+            for sub, disk, entries in plan:
+                arrays = gather(data.read_many(entries, verify=verify), {disk: {}})[disk]
+                sub.fill(arrays, os.path.join(data.path, disk))
+
+    retrying(path, once)
 
 
 def read_params(
@@ -160,7 +206,7 @@ def read_params(
 
 
 def load_training_state(path: str | os.PathLike, *, checkpoint: int = 0, mmap: bool = False) -> Any:
-    """The ``training_state`` saved with a checkpoint (arrays back as numpy arrays)."""
+    """The ``training_state`` saved with a checkpoint: arrays back as numpy arrays, tensors as tensors (on the CPU)."""
     path = os.fspath(path)
 
     def once() -> Any:
@@ -169,7 +215,7 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int = 0, mmap: b
                 raise CheckpointError("this checkpoint was saved without training_state", Location(data.path))
             futs = data.read_many(data.manifest.state_entries.values(), mmap=mmap)
             arrays = gather(futs, {"training_state": {}})["training_state"]
-            return training_state.decode(data.manifest.state, arrays)
+            return training_state.decode(data.manifest.state, arrays, array_kind)
 
     return retrying(path, once)
 

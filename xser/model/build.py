@@ -16,6 +16,7 @@ import numpy as np
 
 from . import typecheck
 from ..errors import Location, SpecError, XserError, did_you_mean
+from .adapters import LOAD
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
 from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from .registry import lookup
@@ -353,14 +354,17 @@ def build_spec(
     verify: bool = False,
     strict: bool = False,
     rows: dict | None = None,
+    device: Any = None,
 ) -> Any:
     builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows)
+    options = LOAD.set({"mmap": mmap, "device": device})
     try:
         tree = builder.doc.copy(spec.tree)
         obj = builder.run(tree, placeholders)
         if strict and spec.data is not None:
             builder.store(spec.data).check_all_used()
     finally:
+        LOAD.reset(options)
         builder.cancel()  # prefetches nobody asked for (strict=False), or all of them after a failure
         builder.close()
     _name_root(obj, spec.name)

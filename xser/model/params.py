@@ -210,6 +210,21 @@ class Subcollection:
         self._partial.pop(name, None)
         self._places[name] = [p for p in self._places.get(name, []) if _get(self._owner, p) is value]
 
+    def fill(self, arrays: dict[str, Any], where: str) -> None:
+        """Copy arrays into the declared ones in place (same shape and dtype): whoever holds them sees the new values."""
+        for name, value in arrays.items():
+            decl = self._decls.get(name)
+            if decl is None:
+                raise KeyError(f"{self.name} has no parameter {name!r} (declared: {', '.join(self._decls) or 'none'})")
+            value = np.asarray(value)
+            if value.shape != decl.shape or value.dtype != decl.dtype:
+                raise DataError(
+                    f"param {name!r}: {shape_str(value.shape)} {value.dtype} on disk, declared {shape_str(decl.shape)} {decl.dtype}",
+                    Location(where),
+                )
+            self.current()  # adopt rebound arrays first, so the values land where the owner looks
+            self._arrays[name][...] = value
+
     def bind(self) -> None:
         """Remember where the owner keeps each parameter's array: attributes, and values of a dict or
         list held in an attribute. Called when the component's constructor returns."""
@@ -371,7 +386,8 @@ def params(owner: Any) -> Subcollection:
     source = d.get(PRESET_SOURCE)
     if source is not None:
         source.claim()
-    sub = Subcollection(name, owner, source, state.rng if state is not None else _DEFAULT_RNG)
+    make = info.adapter.subcollection if info.adapter is not None else Subcollection
+    sub = make(name, owner, source, state.rng if state is not None else _DEFAULT_RNG)
     d[_PARAMS] = sub
     return sub
 

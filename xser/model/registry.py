@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import attrs
 
 from ..errors import RegistryError, SpecError, did_you_mean
+from .adapters import adapter_for
 
 __all__ = ["ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
 
@@ -32,6 +33,7 @@ class ComponentInfo:
     tag: str
     version: int | None
     migrate: Migration | None
+    adapter: Any = None  # an adapters.Adapter for classes of another framework (torch.nn.Module)
 
     @property
     def fields(self) -> tuple[attrs.Attribute, ...]:
@@ -88,10 +90,15 @@ def serializable(
             raise RegistryError(f"{_qualname(cls)}: version must be an int >= 1, got {version!r}")
         if migrate is not None and version is None:
             raise RegistryError(f"{_qualname(cls)}: migrate= needs version=")
+        adapter = adapter_for(cls)
         if not attrs.has(cls):
-            cls = attrs.define(cls, slots=False, eq=False)
+            if adapter is not None:
+                adapter.prepare(cls)
+            cls = attrs.define(cls, slots=False, eq=False, **(adapter.define if adapter is not None else {}))
         elif "__slots__" in cls.__dict__:
             raise RegistryError(f"{_qualname(cls)}: attrs classes must use slots=False (xser keeps bookkeeping on the instance)")
+        elif adapter is not None:
+            raise RegistryError(f"{_qualname(cls)}: leave attrs to @xser.serializable on a {adapter.name} class (drop @attrs.define)")
         _bind_after_init(cls)
         for f in attrs.fields(cls):
             if f.name in RESERVED_KEYS or f.alias in RESERVED_KEYS:
@@ -102,7 +109,7 @@ def serializable(
         if old is not None:
             _BY_CLASS.pop(old.cls, None)
             _HINTS.pop(old.cls, None)
-        info = ComponentInfo(cls, name, version, migrate)
+        info = ComponentInfo(cls, name, version, migrate, adapter)
         _BY_TAG[name] = info
         _BY_CLASS[cls] = info
         return cls
@@ -121,6 +128,10 @@ def _bind_after_init(cls: type) -> None:
     @functools.wraps(init)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
+        info = _BY_CLASS.get(type(self))
+        if info is not None and info.adapter is not None:
+            info.adapter.after_init(self)
+            return
         sub = self.__dict__.get("_xser_params")
         if sub is not None:
             sub.bind()

@@ -16,7 +16,7 @@ from .params import Subcollection, subcollection_of
 from .registry import info_for
 from ..spec import Tagged, format_path
 
-__all__ = ["to_tree"]
+__all__ = ["subcols_by_path", "to_tree"]
 
 SAVE_HOOK = "xser_saved_args"
 
@@ -94,6 +94,8 @@ class _Dumper:
             if info.version is not None:
                 out["xser_version"] = info.version
             sub = subcollection_of(obj)
+            if sub is None and info.adapter is not None:
+                sub = info.adapter.before_save(obj)
             if sub is not None:
                 other = self.subcols.get(sub.name)
                 if other is not None and other[0] is not sub:
@@ -106,6 +108,28 @@ class _Dumper:
             return Tagged(info.tag, out)
         finally:
             self.active.discard(key)
+
+
+def subcols_by_path(tree: Any, path: tuple = ()) -> dict[str, str]:
+    """``{component path: subcollection name}`` of a spec tree (``!Ref`` places skipped), paths as ``to_tree`` gives them."""
+    out: dict[str, str] = {}
+    if isinstance(tree, Tagged):
+        if tree.tag == "!Ref":
+            return out
+        name = tree.args.get("xser_subcol_name")
+        if isinstance(name, str):
+            out[format_path(path)] = name
+        items = tree.args.items()
+    elif isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, list):
+        items = enumerate(tree)
+    else:
+        return out
+    for k, v in items:
+        if k not in ("xser_subcol_name", "xser_id", "xser_version"):
+            out.update(subcols_by_path(v, path + (k,)))
+    return out
 
 
 def to_tree(obj: Any) -> tuple[Any, dict[str, tuple[Subcollection, str]]]:

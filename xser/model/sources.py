@@ -113,6 +113,22 @@ class _Source:
     def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
         return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
 
+    @property
+    def stored(self) -> str | None:
+        """The subcollection name the saved spec gives this component (None: it had none)."""
+        return self.origin.stored_name
+
+    def names(self) -> list[str]:
+        """The parameters on disk of this component's subcollection."""
+        self.claim()
+        return list(self.origin.store.dir.subcollections[self.origin.stored_name])
+
+    def location(self) -> Location:
+        return Location(os.path.join(self.origin.store.dir.path, self.origin.stored_name or ""))
+
+    def needed_by(self) -> str:
+        return _at(self.where)
+
     def rows_of(self, name: str) -> tuple[int, int] | None:
         """The row range this build loads of a parameter (``load(rows=...)``), if any."""
         rows = self.origin.store.rows.get(f"{self.origin.stored_name}/{name}")

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["FromFile", "FromFiles", "Stream"]
+__all__ = ["FromFile", "FromFiles", "Lazy", "Stream", "identity"]
 
 
 @attrs.frozen
@@ -46,6 +46,29 @@ class Stream:
     shape: tuple
     fortran: bool
     chunks: Any = attrs.field(eq=False)  # () -> Iterable[bytes-like]
+
+
+@attrs.frozen
+class Lazy:
+    """An array made when its file is written (a device tensor copied to host memory then, one at a time).
+
+    ``take(index)`` gives the array, or the part ``index`` (a tuple of slices) of it; ``key`` names
+    the memory it comes from, so a tensor reached under two names is stored once.
+    """
+
+    dtype: np.dtype
+    shape: tuple
+    take: Any = attrs.field(eq=False, repr=False)  # (index: tuple | None = None) -> np.ndarray
+    key: Any = None
+
+
+def identity(item: Any) -> Any:
+    """What memory a payload is (None: unknown or empty): two names holding one tensor are stored once."""
+    if isinstance(item, Lazy):
+        return item.key
+    if isinstance(item, np.ndarray) and item.size:
+        return ("array", item.__array_interface__["data"][0], item.shape, item.strides, item.dtype.str, item.dtype.name)
+    return None
 
 
 def from_entry(source: Any, entry: Any, *, verify: bool = False) -> FromFile | FromFiles:

@@ -10,6 +10,7 @@ it when the bytes turn out equal).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 from ..errors import DataError, did_you_mean
 from .formats import FORMATS, get_format
 from .manifest import SPEC_FILE, STATE_DIR
-from .payloads import FromFile, FromFiles, Stream
+from .payloads import FromFile, FromFiles, Lazy, Stream, identity
 
 __all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "plan_save"]
 
@@ -99,21 +100,28 @@ def _cut(base: str, item: Any, block: tuple | None, suffix: str) -> list[tuple[s
         return [(block_name(base, f.start, FORMATS[f.format].suffix), f.start, f.shape, f) for f in item.blocks]
     if isinstance(item, FromFile):
         return [(f"{base}{FORMATS[item.format].suffix}", None, None, item)]
-    if not isinstance(item, np.ndarray) or block is None or item.ndim == 0:
+    if not isinstance(item, (np.ndarray, Lazy)) or block is None or len(item.shape) == 0:
         return [(f"{base}{suffix}", None, None, item)]
+    if isinstance(item, Lazy):  # each block copied to the host on its own
+        return [(rel, start, shape, attrs.evolve(item, shape=shape, take=functools.partial(item.take, index), key=None))
+                for rel, start, shape, index in _boxes(base, item.shape, block, suffix)]
+    return [(rel, start, shape, item[index]) for rel, start, shape, index in _boxes(base, item.shape, block, suffix)]
+
+
+def _boxes(base: str, full: tuple, block: tuple, suffix: str) -> list[tuple[str, tuple, tuple, tuple]]:
+    """(relative file, start, shape, index) of each block of an array of shape ``full``."""
     if block and isinstance(block[0], tuple):  # explicit row ranges [(first, count), ...]
         out = []
         for first, count in block:
-            start = (first,) + (0,) * (item.ndim - 1)
-            out.append((block_name(base, start, suffix), start, (count,) + item.shape[1:], item[first : first + count]))
+            start = (first,) + (0,) * (len(full) - 1)
+            out.append((block_name(base, start, suffix), start, (count,) + tuple(full[1:]), (slice(first, first + count),)))
         return out
-    steps = tuple(block) + tuple(item.shape[len(block):])
-    ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(item.shape, steps)]
+    steps = tuple(block) + tuple(full[len(block):])
+    ranges = [range(0, max(n, 1), max(step, 1)) for n, step in zip(full, steps)]
     out = []
     for start in itertools.product(*ranges):
-        shape = tuple(min(step, n - a) for a, step, n in zip(start, steps, item.shape))
-        view = item[tuple(slice(a, a + n) for a, n in zip(start, shape))]
-        out.append((block_name(base, tuple(start), suffix), tuple(start), shape, view))
+        shape = tuple(min(step, n - a) for a, step, n in zip(start, steps, full))
+        out.append((block_name(base, tuple(start), suffix), tuple(start), shape, tuple(slice(a, a + n) for a, n in zip(start, shape))))
     return out
 
 
@@ -155,14 +163,23 @@ def plan_save(
         dtype, shape = np.dtype(item.dtype), tuple(item.shape)
         return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
 
+    stored: dict[Any, PlannedParam] = {}  # memory already planned (tied weights) -> its plan
     for sub, items in arrays.items():
         dirs.append(sub)
         for name, (item, trainable) in items.items():
             key = f"{sub}/{name}"
             fmt, options = format_for(formats, key)
-            if not isinstance(item, np.ndarray):
+            if not isinstance(item, (np.ndarray, Lazy)):
                 fmt, options = "npy", {}
-            params.append(add(sub, name, item, trainable, fmt, options, block_size_for(blocks, key), previous))
+            block = block_size_for(blocks, key)
+            same = identity(item)
+            first = stored.get((same, fmt, repr(options), block)) if same is not None else None
+            if first is not None:  # one tensor under two names: stored once, both entries name its files
+                params.append(attrs.evolve(first, sub=sub, name=name, trainable=bool(trainable)))
+                continue
+            params.append(add(sub, name, item, trainable, fmt, options, block, previous))
+            if same is not None:
+                stored[(same, fmt, repr(options), block)] = params[-1]
     spec = None
     if spec_text is not None:
         spec = len(pieces)

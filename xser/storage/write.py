@@ -22,7 +22,7 @@ from .checksums import DEFAULT_CHECKSUM, digest_bytes
 from .formats import FORMATS
 from .formats.npy import NPY, header_for
 from .fsutil import fsync_file, os_error
-from .payloads import FromFile, Stream
+from .payloads import FromFile, Lazy, Stream
 from .plan import Piece, Plan
 from .pool import run_all
 
@@ -105,6 +105,12 @@ def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:
     return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
 
 
+def _write_lazy(path: str, piece: Piece, durable: bool) -> WriteResult:
+    """Make the array now (a device-to-host copy), write it, and let it go before the next one."""
+    arr = piece.payload.take()
+    return _write_array(path, attrs.evolve(piece, payload=arr), durable)
+
+
 def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
     f: FromFile = piece.payload
     if f.verify:
@@ -135,6 +141,7 @@ WRITERS: dict[type, Callable[[str, Piece, bool], WriteResult]] = {
     np.ndarray: _write_array,
     np.memmap: _write_array,
     Stream: _write_stream,
+    Lazy: _write_lazy,
     FromFile: _link_file,
     bytes: _write_bytes,
 }

@@ -1,0 +1,12 @@
+"""PyTorch support (``pip install 'xser[torch]'``): ``torch.nn.Module`` components, tensors in
+training state, flat state-dict views of saved models. Imports torch; ``import xser`` never imports
+this package (``@xser.serializable`` on an ``nn.Module`` subclass imports it when torch is already
+imported). Layer: beside ``tools`` and ``interop``; imports the layers below it only.
+"""
+
+from __future__ import annotations
+
+from .module import TorchAdapter, TorchSubcollection, own_state
+from .tensors import from_numpy, numpy_dtype, to_numpy, torch_dtype
+
+__all__ = ["TorchAdapter", "TorchSubcollection", "from_numpy", "numpy_dtype", "own_state", "to_numpy", "torch_dtype"]
