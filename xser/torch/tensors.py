@@ -63,10 +63,14 @@ def from_numpy(a: np.ndarray, *, copy: bool = False) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
+#: devices whose tensors are written straight from their memory (the rest are copied to the host one by one)
+HOST_DEVICES = ("cpu",)
+
+
 def host_payload(t: torch.Tensor, where: str) -> Any:
     """What a save writes for a tensor: its array itself on the CPU, else a ``Lazy`` that copies it to host
     memory when its file is written (one tensor at a time, never the whole model)."""
-    if t.device.type == "cpu":
+    if t.device.type in HOST_DEVICES:
         return to_numpy(t)
     if t.device.type == "meta":
         raise DataError(f"{where}: the tensor is on the meta device and has no data to save", Location(where))

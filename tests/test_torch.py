@@ -1,0 +1,408 @@
+"""PyTorch components (xser/torch/): state, ties, devices, optimizer state, flat views."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xser
+import xser.torch as xt
+from xser.storage.dtypes import DTYPES
+
+
+@xser.serializable(tag="!TEncoder")
+class Encoder(torch.nn.Module):
+    vocab: int
+    dim: int
+
+    def __attrs_post_init__(self):
+        self.emb = torch.nn.Embedding(self.vocab, self.dim)
+        self.norm = torch.nn.BatchNorm1d(self.dim)
+        self.register_buffer("scratch", torch.zeros(1000), persistent=False)  # never saved
+
+    def forward(self, x):
+        return self.norm(self.emb(x))
+
+
+@xser.serializable(tag="!TDecoder")
+class Decoder(torch.nn.Module):
+    encoder: Encoder
+    tie: bool = True
+    extra: bool = False
+
+    def __attrs_post_init__(self):
+        dim, vocab = self.encoder.dim, self.encoder.vocab
+        self.out = torch.nn.Linear(dim, vocab, bias=False)
+        if self.tie:  # across components: the decoder's output layer is the encoder's embedding
+            self.out.weight = self.encoder.emb.weight
+        self.gate = xser.params(self).add("gate", (dim,), init="ones")
+        self.count = xser.params(self).add("count", (), dtype=torch.int64, trainable=False)
+        if self.extra:
+            self.more = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.out(self.encoder(x) * self.gate)
+
+
+@xser.serializable(tag="!TSeq2Seq")
+class Seq2Seq(torch.nn.Module):
+    encoder: Encoder
+    decoder: Decoder
+
+    def forward(self, x):
+        return self.decoder(x)
+
+
+@xser.serializable(tag="!TTiedLM")
+class TiedLM(torch.nn.Module):
+    """Tied inside one component: two plain submodules share one Parameter."""
+
+    vocab: int = 7
+    dim: int = 3
+
+    def __attrs_post_init__(self):
+        self.emb = torch.nn.Embedding(self.vocab, self.dim)
+        self.proj = torch.nn.Linear(self.dim, self.vocab, bias=False)
+        self.proj.weight = self.emb.weight
+
+
+@xser.serializable(tag="!TAllDtypes")
+class AllDtypes(torch.nn.Module):
+    tags: list
+
+    def __attrs_post_init__(self):
+        p = xser.params(self)
+        for tag in self.tags:
+            floating = DTYPES[tag].average is not None and not tag.startswith("complex")
+            p.add(f"t_{tag}", (2, 3), dtype=getattr(torch, tag), init="zeros", trainable=floating)
+
+
+@xser.serializable(tag="!TShaped")
+class Shaped(torch.nn.Module):
+    dims: list
+    dtype: str
+
+    def __attrs_post_init__(self):
+        xser.params(self).add("w", tuple(self.dims), dtype=getattr(torch, self.dtype), init="ones", trainable=False)
+        self.lin = torch.nn.Linear(2, 3).to(getattr(torch, self.dtype) if self.dtype != "int8" else torch.float32)
+
+
+def model(vocab=11, dim=4, **kw):
+    enc = Encoder(vocab, dim)
+    return Seq2Seq(enc, Decoder(enc, **kw))
+
+
+def train(m, steps=3, seed=0, opt=None):
+    g = torch.Generator().manual_seed(seed)
+    opt = opt or torch.optim.Adam(m.parameters(), lr=0.01)
+    for _ in range(steps):
+        x = torch.randint(0, m.encoder.vocab, (8,), generator=g)
+        loss = m(x).logsumexp(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return opt
+
+
+def same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+
+
+def data_files(path: str) -> dict[str, int]:
+    d = Path(path + ".data")
+    return {str(f.relative_to(d)): f.stat().st_size for f in d.rglob("*.npy")}
+
+
+class TestState:
+    def test_subcollections_follow_components(self, tmp_path):
+        """Each component's subcollection is its state_dict minus serializable children; plain submodules count."""
+        m = model()
+        subs = {type(c).__name__: sorted(xser.params(c)) for c in (m.encoder, m.decoder)}
+        assert subs == {
+            "Encoder": ["emb.weight", "norm.bias", "norm.num_batches_tracked", "norm.running_mean", "norm.running_var",
+                        "norm.weight"],
+            "Decoder": ["count", "gate", "out.weight"],
+        }
+        assert xser.model.params.subcollection_of(m) is None  # no state of its own: no subcollection
+
+    def test_batchnorm_statistics_survive_and_nothing_else_is_written(self, tmp_path):
+        """Running statistics are saved; gradients, the non-persistent buffer and optimizer scratch are not:
+        the data is exactly the parameters and persistent buffers, each tied tensor once."""
+        m = model()
+        train(m)
+        assert m.encoder.emb.weight.grad is not None and m.encoder.norm.num_batches_tracked.item() == 3
+        path = str(tmp_path / "m.yaml")
+        xser.save(m, path, durable=False)
+        unique = {id(t): t for t in m.state_dict(keep_vars=True).values()}
+        payload = sum(t.numel() * t.element_size() for t in unique.values())
+        files = data_files(path)
+        headers = 128 * len(files)
+        assert len(files) == len(unique) == 8 and sum(files.values()) == payload + headers
+        back = xser.load(path)
+        same_state(m, back)
+        assert back.encoder.norm.num_batches_tracked.item() == 3 and back.encoder.emb.weight.grad is None
+
+    def test_built_from_yaml(self, tmp_path):
+        """Torch components configured in YAML build like any component; nn.Module.__init__ ran first."""
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text("exp:\n  model: !TSeq2Seq\n    encoder: !TEncoder {vocab: 5, dim: 2}\n    decoder: !TDecoder {encoder: !Ref {path: model.encoder}}\n")
+        exp = xser.build(xser.load_config(cfg)["exp"])
+        m = exp["model"]
+        assert isinstance(m, torch.nn.Module) and m.decoder.encoder is m.encoder
+        assert dict(m.named_children()).keys() == {"encoder", "decoder"}
+        assert m(torch.tensor([1, 2])).shape == (2, 5)
+
+    def test_parameter_rebound_to_a_tensor_in_a_numpy_component(self, tmp_path):
+        """A numpy component whose parameter was rebound to a tensor: the save says so instead of dropping it."""
+        from components import Linear
+
+        lin = Linear(2, 3)
+        lin.W = torch.zeros(3, 2)
+        with pytest.raises(xser.DataError) as info:
+            xser.save(lin, str(tmp_path / "m.yaml"))
+        assert str(info.value) == (
+            f"{xser.params(lin).name}: param 'W': attribute .W holds a torch.Tensor now, not the parameter's numpy array; "
+            "update it in place (obj.W[...] = new) or with xser.params(obj)['W'] = new"
+        )
+
+    def test_meta_tensors_cannot_be_saved(self, tmp_path):
+        m = TiedLM().to("meta")
+        with pytest.raises(xser.DataError, match="emb.weight: the tensor is on the meta device and has no data to save"):
+            xser.save(m, str(tmp_path / "m.yaml"))
+        assert not (tmp_path / "m.yaml").exists()
+
+
+class TestTies:
+    def test_tied_inside_one_component(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        m = TiedLM()
+        xser.save(m, path, durable=False)
+        assert len(data_files(path)) == 1
+        back = xser.load(path)
+        assert back.proj.weight is back.emb.weight
+        same_state(m, back)
+
+    def test_tied_across_components(self, tmp_path):
+        """The decoder's output layer is the encoder's embedding: stored once, one Parameter after loading."""
+        path = str(tmp_path / "m.yaml")
+        m = model()
+        train(m)
+        xser.save(m, path, durable=False)
+        files = data_files(path)
+        enc, dec = xser.params(m.encoder).name, xser.params(m.decoder).name
+        assert f"{enc}/emb.weight.npy" in files and f"{dec}/out.weight.npy" not in files
+        manifest = xser.checkpoints(path)[0]
+        assert manifest.id
+        back = xser.load(path)
+        assert back.decoder.out.weight is back.encoder.emb.weight
+        same_state(m, back)
+
+    def test_untied_are_separate(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        xser.save(model(tie=False), path, durable=False)
+        assert len(data_files(path)) == 9
+
+
+class TestLoad:
+    def test_optimizer_state_round_trip_resumes_exactly(self, tmp_path):
+        """Save model + Adam state, load both in a fresh object, keep training: bit-identical to never stopping."""
+        torch.manual_seed(0)
+        a = model()
+        opt = train(a, steps=2)
+        path = str(tmp_path / "m.yaml")
+        with xser.CheckpointSaver(path, durable=False) as saver:
+            saver.save(a, step=2, training_state={"optimizer": opt.state_dict(), "rng": torch.get_rng_state()})
+        state = xser.load_training_state(path)
+        assert isinstance(state["optimizer"]["state"][0]["exp_avg"], torch.Tensor)
+        assert state["optimizer"]["state"][0]["step"].dtype == opt.state_dict()["state"][0]["step"].dtype
+        assert torch.equal(state["rng"], torch.get_rng_state())
+        b = xser.load(path)
+        opt_b = torch.optim.Adam(b.parameters(), lr=0.01)
+        opt_b.load_state_dict(state["optimizer"])
+        train(a, steps=2, seed=1, opt=opt)
+        train(b, steps=2, seed=1, opt=opt_b)
+        same_state(a, b)
+
+    def test_load_into_keeps_parameter_identity(self, tmp_path):
+        """An optimizer made before load_into still owns the model's parameters, which now hold the saved values."""
+        path = str(tmp_path / "m.yaml")
+        saved = model()
+        train(saved)
+        xser.save(saved, path, durable=False)
+        m = model()
+        params_before = list(m.parameters())
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        xser.load_into(m, path)
+        assert list(m.parameters()) == params_before and all(a is b for a, b in zip(m.parameters(), params_before))
+        same_state(saved, m)
+        assert opt.param_groups[0]["params"][0] is params_before[0]
+
+    def test_missing_and_unexpected_keys_are_listed_sorted(self, tmp_path):
+        """A changed architecture: both lists in one error, with the data directory and the spec line."""
+        path = str(tmp_path / "m.yaml")
+        m = model()
+        xser.save(m, path, durable=False)
+        sub = xser.params(m.decoder).name
+        from helpers import edit_spec
+
+        edit_spec(path, lambda t: t.replace("extra: false", "extra: true"))
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == (
+            f'{path}.data/{sub}: missing key(s) in state_dict: "more.bias", "more.weight" '
+            f"(needed by the component at {path}.data/spec.yaml:6:12: decoder)"
+        )
+
+    def test_unexpected_keys_strict(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        m = model(extra=True)
+        xser.save(m, path, durable=False)
+        sub = xser.params(m.decoder).name
+        from helpers import edit_spec
+
+        edit_spec(path, lambda t: t.replace("extra: true", "extra: false"))
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert str(info.value) == (
+            f"{path}.data/{sub}: params on disk are not declared by the component: more.bias, more.weight "
+            "(load with strict=False to ignore)"
+        )
+        assert not hasattr(xser.load(path, strict=False).decoder, "more")
+
+    def test_load_into_lists_keys(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        xser.save(model(extra=True), path, durable=False)
+        m = model()
+        with pytest.raises(xser.DataError) as info:
+            xser.load_into(m, path)
+        assert str(info.value).endswith('unexpected key(s): "more.bias", "more.weight" (component at decoder)')
+        xser.load_into(m, path, strict=False)
+
+    def test_mmap_tensors_are_backed_by_the_files(self, tmp_path):
+        """mmap=True: tensor memory lies in a mapping of the parameter's file (no copy)."""
+        path = str(tmp_path / "m.yaml")
+        m = model()
+        xser.save(m, path, durable=False)
+        back = xser.load(path, mmap=True)
+        same_state(m, back)
+        ptr = back.encoder.emb.weight.data_ptr()
+        sub = xser.params(back.encoder).name
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        hit = [line for line in maps if int(line.split()[0].split("-")[0], 16) <= ptr < int(line.split()[0].split("-")[1], 16)]
+        assert hit and hit[0].endswith(f"{sub}/emb.weight.npy")
+
+    def test_device_cpu_and_cuda(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        m = model()
+        xser.save(m, path, durable=False)
+        assert xser.load(path, device="cpu").encoder.emb.weight.device.type == "cpu"
+        if torch.cuda.is_available():
+            back = xser.load(path, device="cuda")
+            assert back.encoder.emb.weight.device.type == "cuda"
+            xser.save(back, str(tmp_path / "again.yaml"), durable=False)
+            same_state(m, xser.load(str(tmp_path / "again.yaml")))
+
+    def test_tensors_off_the_host_are_copied_one_by_one(self, tmp_path, monkeypatch):
+        """Tensors that are not host memory are written through a host copy per tensor (Lazy), blocks included:
+        the files are the same as those written straight from memory."""
+        import xser.torch.tensors as tensors
+
+        m = model()
+        train(m)
+        direct, lazy = str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")
+        xser.save(m, direct, durable=False, blocks={"*/*.weight": 4})
+        copies = []
+        real = torch.Tensor.to
+
+        def counting(self, *a, **kw):
+            copies.append(tuple(self.shape))
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(tensors, "HOST_DEVICES", ())
+        monkeypatch.setattr(torch.Tensor, "to", counting)
+        xser.save(m, lazy, durable=False, blocks={"*/*.weight": 4})
+        assert {k: v for k, v in data_files(direct).items()} == data_files(lazy)
+        for k in data_files(direct):
+            assert Path(direct + ".data", k).read_bytes() == Path(lazy + ".data", k).read_bytes()
+        assert sorted(copies).count((4, 4)) == 2 and (3, 4) in copies and (11, 4) not in copies
+
+
+class TestDtypes:
+    @pytest.mark.parametrize("mmap", [False, True])
+    def test_every_dtype_bit_exact(self, tmp_path, mmap):
+        """Every dtype of the table round-trips through torch bit for bit; bf16 and fp8 are their bits on disk."""
+        tags = sorted(DTYPES)
+        m = AllDtypes(tags)
+        g = np.random.default_rng(0)
+        for tag in tags:
+            t = xser.params(m)[f"t_{tag}"]
+            raw = torch.from_numpy(g.integers(0, 256, size=t.numel() * t.element_size(), dtype=np.uint8))
+            if tag == "bool":
+                raw &= 1
+            with torch.no_grad():
+                t.view(-1).view(torch.uint8).copy_(raw)
+        path = str(tmp_path / "m.yaml")
+        xser.save(m, path, durable=False)
+        back = xser.load(path, mmap=mmap)
+        for tag in tags:
+            a, b = xser.params(m)[f"t_{tag}"], xser.params(back)[f"t_{tag}"]
+            assert a.dtype == b.dtype == getattr(torch, tag)
+            assert torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)), tag
+        sub = xser.params(m).name
+        bits = np.load(f"{path}.data/{sub}/t_bfloat16.npy")
+        assert bits.dtype == np.uint16 and bits.tobytes() == xser.params(m)["t_bfloat16"].view(torch.int16).numpy().tobytes()
+
+    def test_unsupported_torch_dtype(self, tmp_path):
+        m = TiedLM().to(torch.float8_e4m3fnuz)
+        with pytest.raises(xser.DataError) as info:
+            xser.save(m, str(tmp_path / "m.yaml"))
+        assert "torch dtype torch.float8_e4m3fnuz is not in xser's dtype table" in str(info.value)
+
+    @settings(max_examples=25, deadline=None)
+    @given(dims=st.lists(st.integers(0, 5), min_size=0, max_size=3), dtype=st.sampled_from(["float32", "bfloat16", "float16", "int8"]))
+    def test_random_shapes(self, tmp_path_factory, dims, dtype):
+        m = Shaped(dims, dtype)
+        path = str(tmp_path_factory.mktemp("r") / "m.yaml")
+        xser.save(m, path, durable=False)
+        same_state(m, xser.load(path))
+
+
+class TestViews:
+    def test_flat_state_dict_without_classes(self, tmp_path):
+        """xser.torch.state_dict: keys are component path + key; tied tensors are one tensor."""
+        path = str(tmp_path / "m.yaml")
+        m = model()
+        train(m)
+        xser.save(m, path, durable=False)
+        view = xt.state_dict(path)
+        assert sorted(view) == sorted(
+            ["encoder.emb.weight", "encoder.norm.weight", "encoder.norm.bias", "encoder.norm.running_mean",
+             "encoder.norm.running_var", "encoder.norm.num_batches_tracked", "decoder.out.weight", "decoder.gate", "decoder.count"]
+        )
+        assert view["decoder.out.weight"] is view["encoder.emb.weight"]
+        own = m.state_dict()
+        for k, v in view.items():
+            assert torch.equal(v, own[k]), k
+
+    def test_load_state_dict_into_a_plain_module(self, tmp_path):
+        path = str(tmp_path / "m.yaml")
+        m = TiedLM()
+        xser.save(m, path, durable=False)
+        plain = torch.nn.Module()
+        plain.emb = torch.nn.Embedding(7, 3)
+        plain.proj = torch.nn.Linear(3, 7, bias=False)
+        xt.load_state_dict(plain, path)
+        assert torch.equal(plain.emb.weight, m.emb.weight) and torch.equal(plain.proj.weight, m.emb.weight)
+        plain.other = torch.nn.Linear(1, 1)
+        with pytest.raises(xser.DataError) as info:
+            xt.load_state_dict(plain, path)
+        assert str(info.value) == f'{path}: loading into Module: missing key(s) in state_dict: "other.bias", "other.weight"'

@@ -1,0 +1,80 @@
+"""A saved model as one flat ``{component.path.key: tensor}`` state dict, readable without the user's classes.
+
+Keys are the component's place in the experiment (``model.encoder``) joined with the parameter's
+name in its subcollection (``emb.weight``): ``model.encoder.emb.weight``. A parameter stored once
+under two names (tied weights) is one tensor under both keys.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..api import retrying
+from ..errors import DataError, Location
+from ..model.serialize import subcols_by_path
+from ..spec.saved import open_saved
+from ..storage.opened import gather
+from .tensors import from_numpy
+
+__all__ = ["flat_keys", "load_state_dict", "state_dict"]
+
+
+def flat_keys(experiment: Any, subcollections: dict) -> dict[str, tuple[str, str]]:
+    """``{flat key: (subcollection, param)}`` in spec order; subcollections the spec does not place keep their name."""
+    placed = subcols_by_path(experiment)
+    out: dict[str, tuple[str, str]] = {}
+    for where, sub in list(placed.items()) + [(s, s) for s in subcollections if s not in placed.values()]:
+        for name in subcollections.get(sub, {}):
+            key = f"{where}.{name}" if where else name
+            if key in out:
+                raise DataError(f"two parameters have the flat key {key!r}: {out[key][0]}/{out[key][1]} and {sub}/{name}")
+            out[key] = (sub, name)
+    return out
+
+
+def state_dict(path: str | os.PathLike, checkpoint: int | None = None, *, mmap: bool = False, verify: bool = False) -> dict[str, torch.Tensor]:
+    """The saved model at ``path`` (its ``checkpoint``-th newest checkpoint; default the newest) as a flat state dict.
+
+    ``mmap=True`` gives tensors over the mapped files (no read until used).
+    """
+    path = os.fspath(path)
+
+    def once() -> dict[str, torch.Tensor]:
+        with open_saved(path, checkpoint or 0) as saved:
+            data = saved.data
+            keys = flat_keys(saved.experiment, data.subcollections)
+            entries = {}
+            for sub, name in keys.values():
+                entries.setdefault(data.subcollections[sub][name].blocks, data.subcollections[sub][name])
+            futs = data.read_many(entries.values(), mmap=mmap, verify=verify)
+            arrays = gather(futs, {s: {} for s in data.subcollections})
+            tensors = {blocks: from_numpy(arrays[e.subcol][e.name]) for blocks, e in entries.items()}
+            return {key: tensors[data.subcollections[sub][name].blocks] for key, (sub, name) in keys.items()}
+
+    return retrying(path, once)
+
+
+def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint: int | None = None, *, strict: bool = True) -> None:
+    """Load a saved model's flat state dict into any ``nn.Module`` by key (as ``module.load_state_dict`` does).
+
+    Missing and unexpected keys are listed sorted in one ``DataError``; a shape that differs names the key.
+    """
+    path = os.fspath(path)
+    view = state_dict(path, checkpoint)
+    own = module.state_dict()
+    where = Location(path)
+    missing, unexpected = sorted(set(own) - set(view)), sorted(set(view) - set(own))
+    if missing or (strict and unexpected):
+        parts = [f"{what} key(s) in state_dict: " + ", ".join(f'"{k}"' for k in keys)
+                 for what, keys in (("missing", missing), ("unexpected", unexpected if strict else [])) if keys]
+        raise DataError(f"loading into {type(module).__name__}: " + "; ".join(parts), where)
+    for key in sorted(set(own) & set(view)):
+        if tuple(own[key].shape) != tuple(view[key].shape):
+            raise DataError(
+                f"loading into {type(module).__name__}: {key!r} is {list(view[key].shape)} on disk, "
+                f"{list(own[key].shape)} in the module", where,
+            )
+    module.load_state_dict({k: v for k, v in view.items() if k in own}, strict=False)
