@@ -101,9 +101,9 @@ def finish(
 
     def entry(p: Any) -> dict:
         blocks = []
-        for index, start, shape in p.pieces:
+        for index, start, shape, key in p.pieces:
             r = results[index]
-            blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape))
+            blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape, key))
         return param_json(p.dtype, p.shape, p.trainable, blocks)
 
     if plan.state is not None:

@@ -67,6 +67,7 @@ class Block:
     checksum: tuple[str, str]  # (algorithm, hex digest)
     start: tuple[int, ...] | None = None  # None: the block is the whole parameter
     shape: tuple[int, ...] | None = None
+    key: str | None = None  # the tensor's name in a file that holds several (safetensors)
 
     def box(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return (self.start, self.shape) if self.start is not None else ((0,) * len(full), full)
@@ -114,8 +115,13 @@ class Manifest:
 # ---------------------------------------------------------------- writing
 
 
-def block_json(file: str, fmt: str, size: int, checksum: tuple[str, str], start: tuple | None = None, shape: tuple | None = None) -> dict:
+def block_json(
+    file: str, fmt: str, size: int, checksum: tuple[str, str], start: tuple | None = None, shape: tuple | None = None,
+    key: str | None = None,
+) -> dict:
     b: dict[str, Any] = {"file": file, "format": fmt, "bytes": int(size), checksum[0]: checksum[1]}
+    if key is not None:
+        b["key"] = key
     if start is not None:
         b["start"], b["shape"] = [int(x) for x in start], [int(x) for x in shape]
     return b
@@ -295,7 +301,7 @@ def _spec_block(b: Any, mpath: str) -> Block:
     return Block(_check_name(b["file"], mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
 
 
-_BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape"} | set(CHECKSUMS))
+_BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key"} | set(CHECKSUMS))
 
 
 def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
@@ -323,7 +329,12 @@ def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
             raise ValueError(f"block start {list(start)} and shape {list(bshape)} must have {len(shape)} dimensions")
         if any(a + n > full for a, n, full in zip(start, bshape, shape)):
             raise ValueError(f"block at {list(start)} of shape {list(bshape)} reaches outside shape {list(shape)}")
-    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape)
+    key = b.get("key")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > 1000):
+        raise ValueError(f"block key must be a non-empty string, got {key!r}")
+    if key is not None and (start is not None or not getattr(get_format(fmt), "bundle", False)):
+        raise ValueError(f"a key names a tensor in a {fmt} file; format {fmt!r} holds one array per file")
+    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape, key)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:

@@ -142,12 +142,18 @@ class OpenedDir(DirHandle):
         where = self.where(block.file)
         _, bshape = block.box(entry.shape)
         checksum = block.checksum if verify else None
+        kw = {}
+        if block.key is not None:  # one tensor of a shared file: the file is verified once, the tensor read by key
+            kw["key"] = block.key
+            if checksum is not None:
+                self.verify_once(block)
+                checksum = None
         whole_rows = rows is not None and rows == (0, bshape[0]) if bshape else False
         with self.open_file(block.file) as f:
             try:
                 if rows is None or whole_rows:
-                    return fmt.read(f, where, entry.dtype, bshape, block.bytes, mmap=mmap, verify=checksum)
-                return fmt.read_rows(f, where, entry.dtype, bshape, block.bytes, rows, verify=checksum)
+                    return fmt.read(f, where, entry.dtype, bshape, block.bytes, mmap=mmap, verify=checksum, **kw)
+                return fmt.read_rows(f, where, entry.dtype, bshape, block.bytes, rows, verify=checksum, **kw)
             except OSError as e:
                 raise DataError(f"cannot read: {e.strerror or e}", Location(where)) from None
 
@@ -169,6 +175,10 @@ class OpenedDir(DirHandle):
                 try:
                     if block.format == "npy":
                         yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, checksum)
+                    elif block.key is not None:
+                        if checksum is not None:
+                            self.verify_once(block)
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, key=block.key)
                     elif checksum is not None:
                         yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, verify=checksum)
                     else:
@@ -186,6 +196,13 @@ class OpenedDir(DirHandle):
         step = max(1, elements // row)
         for first in range(0, entry.shape[0], step):
             yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)
+
+    def verify_once(self, block: Block) -> None:
+        """Check a file several parameters share against its checksum, once for this opened directory."""
+        done = self.__dict__.setdefault("_verified", set())
+        if block.file not in done:
+            self.verify_file(block.file, block.bytes, block.checksum)
+            done.add(block.file)
 
     def read_many(
         self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["FromFile", "FromFiles", "Lazy", "Stream", "identity"]
+__all__ = ["Bundle", "FromFile", "FromFiles", "Lazy", "Stream", "identity"]
 
 
 @attrs.frozen
@@ -27,6 +27,7 @@ class FromFile:
     start: tuple | None = None  # where the block sits in the parameter (None: it is the parameter)
     format: str = "npy"
     verify: bool = False  # check the source's checksum before linking it (tools refuse to copy a corrupt file)
+    key: str | None = None  # the tensor's name inside a file holding several (safetensors)
 
 
 @attrs.frozen
@@ -46,6 +47,14 @@ class Stream:
     shape: tuple
     fortran: bool
     chunks: Any = attrs.field(eq=False)  # () -> Iterable[bytes-like]
+
+
+@attrs.frozen
+class Bundle:
+    """Several arrays in one file (a subcollection's safetensors file): ``{key: array or Lazy}``, filled by the planner."""
+
+    arrays: dict = attrs.field(eq=False)
+    metadata: dict | None = None
 
 
 @attrs.frozen
@@ -74,7 +83,7 @@ def identity(item: Any) -> Any:
 def from_entry(source: Any, entry: Any, *, verify: bool = False) -> FromFile | FromFiles:
     """A published parameter (``ParamEntry`` of an opened directory) as files to link."""
     files = tuple(
-        FromFile(source, b.file, entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format, verify)
+        FromFile(source, b.file, entry.dtype, b.box(entry.shape)[1], b.bytes, b.checksum, b.start, b.format, verify, b.key)
         for b in entry.blocks
     )
     if len(files) == 1 and files[0].start is None:

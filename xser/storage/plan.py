@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import DataError, did_you_mean
 from .formats import FORMATS, get_format
 from .manifest import SPEC_FILE, STATE_DIR
-from .payloads import FromFile, FromFiles, Lazy, Stream, identity
+from .payloads import Bundle, FromFile, FromFiles, Lazy, Stream, identity
 
 __all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "plan_save"]
 
@@ -44,7 +44,7 @@ class PlannedParam:
     dtype: np.dtype
     shape: tuple
     trainable: bool
-    pieces: tuple  # ((piece index, start or None, block shape or None), ...)
+    pieces: tuple  # ((piece index, start or None, block shape or None, key in the file or None), ...)
 
 
 @attrs.frozen
@@ -138,6 +138,17 @@ def _link_candidate(previous: Any, sub: str, name: str, payload: Any, fmt: str, 
     return None
 
 
+def _bundle_link(previous: Any, sub: str, fmt: str) -> tuple | None:
+    """The previous checkpoint's file of this subcollection in this format (linked if the new one has the same bytes)."""
+    if previous is None:
+        return None
+    for entry in previous.subcollections.get(sub, {}).values():
+        for b in entry.blocks:
+            if b.format == fmt and b.key is not None:
+                return previous, b
+    return None
+
+
 def plan_save(
     arrays: Mapping[str, Mapping[str, tuple[Any, bool]]],
     *,
@@ -153,14 +164,31 @@ def plan_save(
     params: list[PlannedParam] = []
     dirs: list[str] = []
 
+    bundles: dict[tuple, int] = {}  # (subcollection, format) or (source, file): the piece of a file holding several tensors
+
     def add(sub: str, name: str, item: Any, trainable: bool, fmt: str, options: dict, block: tuple | None, prev: Any) -> PlannedParam:
         refs = []
-        for rel, start, shape, payload in _cut(f"{sub}/{name}", item, block, FORMATS[fmt].suffix):
-            pfmt = payload.format if isinstance(payload, FromFile) else ("npy" if isinstance(payload, Stream) else fmt)
-            link = _link_candidate(prev, sub, name, payload, pfmt, start, shape)
-            refs.append((len(pieces), start, shape))
-            pieces.append(Piece(rel, payload, pfmt, options if pfmt == fmt else {}, link))
         dtype, shape = np.dtype(item.dtype), tuple(item.shape)
+        if isinstance(item, FromFile) and item.key is not None:  # a tensor of a published bundle: link the file once
+            at = bundles.get((id(item.source), item.rel))
+            if at is None:
+                at = bundles[(id(item.source), item.rel)] = len(pieces)
+                pieces.append(Piece(f"{sub}/{item.rel.rpartition('/')[2]}", item, item.format))
+            return PlannedParam(sub, name, dtype, shape, bool(trainable), ((at, None, None, item.key),))
+        if getattr(FORMATS[fmt], "bundle", False) and isinstance(item, (np.ndarray, Lazy)):
+            if block is not None:
+                raise DataError(f"{sub}/{name}: blocks= cannot cut a parameter stored as {fmt} (row ranges of it read only their bytes anyway)")
+            at = bundles.get((sub, fmt))
+            if at is None:
+                at = bundles[(sub, fmt)] = len(pieces)
+                pieces.append(Piece(f"{sub}/params{FORMATS[fmt].suffix}", Bundle({}), fmt, options, _bundle_link(prev, sub, fmt)))
+            pieces[at].payload.arrays[name] = item
+            return PlannedParam(sub, name, dtype, shape, bool(trainable), ((at, None, None, name),))
+        for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, FORMATS[fmt].suffix):
+            pfmt = payload.format if isinstance(payload, FromFile) else ("npy" if isinstance(payload, Stream) else fmt)
+            link = _link_candidate(prev, sub, name, payload, pfmt, start, bshape)
+            refs.append((len(pieces), start, bshape, None))
+            pieces.append(Piece(rel, payload, pfmt, options if pfmt == fmt else {}, link))
         return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
 
     stored: dict[Any, PlannedParam] = {}  # memory already planned (tied weights) -> its plan

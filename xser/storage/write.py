@@ -22,7 +22,7 @@ from .checksums import DEFAULT_CHECKSUM, digest_bytes
 from .formats import FORMATS
 from .formats.npy import NPY, header_for
 from .fsutil import fsync_file, os_error
-from .payloads import FromFile, Lazy, Stream
+from .payloads import Bundle, FromFile, Lazy, Stream
 from .plan import Piece, Plan
 from .pool import run_all
 
@@ -111,6 +111,22 @@ def _write_lazy(path: str, piece: Piece, durable: bool) -> WriteResult:
     return _write_array(path, attrs.evolve(piece, payload=arr), durable)
 
 
+def _write_bundle(path: str, piece: Piece, durable: bool) -> WriteResult:
+    """Several arrays in one file; linked to the previous checkpoint's file when the bytes are the same."""
+    b: Bundle = piece.payload
+    fmt = FORMATS[piece.format]
+    known = None
+    if piece.link is not None and all(isinstance(a, np.ndarray) for a in b.arrays.values()):
+        source, block = piece.link
+        known = fmt.digest_bundle(b.arrays, b.metadata)
+        if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0] and _link(source, block.file, path):
+            return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True)
+    size, digest = fmt.write_bundle(path, b.arrays, b.metadata, known)
+    if durable:
+        fsync_file(path)
+    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
+
+
 def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
     f: FromFile = piece.payload
     if f.verify:
@@ -142,6 +158,7 @@ WRITERS: dict[type, Callable[[str, Piece, bool], WriteResult]] = {
     np.memmap: _write_array,
     Stream: _write_stream,
     Lazy: _write_lazy,
+    Bundle: _write_bundle,
     FromFile: _link_file,
     bytes: _write_bytes,
 }
