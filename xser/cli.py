@@ -138,6 +138,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
         name = import_angel(args.source, args.out, force=args.force)
         print(f"imported {args.source} as {args.out} (parameter {name}/values)")
+    elif args.system == "safetensors":
+        from .interop.safetensors import import_safetensors
+
+        name = import_safetensors(args.source, args.out, force=args.force, format=args.format)
+        print(f"imported {args.source} as {args.out} (subcollection {name})")
     else:
         from .interop.xnmt import import_xnmt
 
@@ -161,6 +166,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
             sep=args.sep, checkpoint=args.checkpoint,
         )
+    elif args.system == "safetensors":
+        from .interop.safetensors import export_safetensors
+
+        report = export_safetensors(
+            args.model, args.out, checkpoint=args.checkpoint, max_shard_size=args.max_shard_size, force=args.force,
+            verify=not args.no_verify,
+        )
+        written = list(report.files)
     else:
         from .interop.xnmt import export_xnmt
 
@@ -226,11 +239,14 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         ("dismec", "DiSMEC++ metadata JSON file"),
         ("angel", "Angel matrix directory (the one holding _meta)"),
         ("xnmt", "XNMT saved model file (e.g. tiny.mod)"),
+        ("safetensors", "safetensors file, or a Hugging Face directory (model.safetensors or a sharded index)"),
     ):
-        q = systems.add_parser(name, help=f"import a {source.split(' ')[0]} model", description=f"import a {source}")
+        q = systems.add_parser(name, help=f"import a {source.split(' ')[0].rstrip(',')} model", description=f"import a {source}")
         q.add_argument("source", help=source)
         q.add_argument("out", help="the xser model to write (spec path)")
         q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+        if name == "safetensors":
+            q.add_argument("--format", default="npy", choices=("npy", "safetensors"), help="weight format of the new model")
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
@@ -258,14 +274,21 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)")
+    q.add_argument("model", help="saved xser model")
+    q.add_argument("out", help="directory to write (appears whole, by a rename)")
+    q.add_argument("--max-shard-size", metavar="SIZE", help="write shards of at most SIZE (5GB, 500MB, 2GiB) and model.safetensors.index.json")
+    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--no-verify", action="store_true", help="skip checking the checkpoint's checksums")
 
 
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)
 COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
 COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
 COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
-COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, Angel, XNMT)", _import_args, cmd_import)
-COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, Angel, XNMT)", _export_args, cmd_export)
+COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, Angel, XNMT, safetensors)", _import_args, cmd_import)
+COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, Angel, XNMT, safetensors)", _export_args, cmd_export)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 

@@ -16,7 +16,7 @@ from .params import Subcollection, subcollection_of
 from .registry import info_for
 from ..spec import Tagged, format_path
 
-__all__ = ["subcols_by_path", "to_tree"]
+__all__ = ["flat_keys", "subcols_by_path", "to_tree"]
 
 SAVE_HOOK = "xser_saved_args"
 
@@ -129,6 +129,19 @@ def subcols_by_path(tree: Any, path: tuple = ()) -> dict[str, str]:
     for k, v in items:
         if k not in ("xser_subcol_name", "xser_id", "xser_version"):
             out.update(subcols_by_path(v, path + (k,)))
+    return out
+
+
+def flat_keys(experiment: Any, subcollections: dict) -> dict[str, tuple[str, str]]:
+    """``{flat key: (subcollection, param)}`` in spec order; subcollections the spec does not place keep their name."""
+    placed = subcols_by_path(experiment)
+    out: dict[str, tuple[str, str]] = {}
+    for where, sub in list(placed.items()) + [(s, s) for s in subcollections if s not in placed.values()]:
+        for name in subcollections.get(sub, {}):
+            key = f"{where}.{name}" if where else name
+            if key in out:
+                raise DataError(f"two parameters have the flat key {key!r}: {out[key][0]}/{out[key][1]} and {sub}/{name}")
+            out[key] = (sub, name)
     return out
 
 

@@ -14,25 +14,12 @@ import torch
 
 from ..api import retrying
 from ..errors import DataError, Location
-from ..model.serialize import subcols_by_path
+from ..model.serialize import flat_keys
 from ..spec.saved import open_saved
 from ..storage.opened import gather
 from .tensors import from_numpy
 
-__all__ = ["flat_keys", "load_state_dict", "state_dict"]
-
-
-def flat_keys(experiment: Any, subcollections: dict) -> dict[str, tuple[str, str]]:
-    """``{flat key: (subcollection, param)}`` in spec order; subcollections the spec does not place keep their name."""
-    placed = subcols_by_path(experiment)
-    out: dict[str, tuple[str, str]] = {}
-    for where, sub in list(placed.items()) + [(s, s) for s in subcollections if s not in placed.values()]:
-        for name in subcollections.get(sub, {}):
-            key = f"{where}.{name}" if where else name
-            if key in out:
-                raise DataError(f"two parameters have the flat key {key!r}: {out[key][0]}/{out[key][1]} and {sub}/{name}")
-            out[key] = (sub, name)
-    return out
+__all__ = ["load_state_dict", "state_dict"]
 
 
 def state_dict(path: str | os.PathLike, checkpoint: int | None = None, *, mmap: bool = False, verify: bool = False) -> dict[str, torch.Tensor]:
