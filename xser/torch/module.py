@@ -62,12 +62,13 @@ class TorchSubcollection(Subcollection):
         where = f"{self.name}: param {name!r}"
         if not isinstance(name, str) or not name.isidentifier():
             raise RegistryError(f"{self.name}: a torch component's parameter name must be a Python identifier, got {name!r}")
-        if name in own_state(self._owner) or name in self._formats:
+        owner = self._owner
+        if name in self._formats or name in owner._parameters or name in owner._buffers or name in owner._modules:
             raise RegistryError(f"{where} is declared twice")
         arr = super().add(name, shape, init=init, dtype=dtype, trainable=trainable, format=format)
         self._decls.pop(name)
         self._arrays.pop(name)
-        t = from_numpy(arr, copy=not _mapped())
+        t = from_numpy(arr)  # a fresh array (read, mapped or initialised): shared, not copied
         if trainable:
             t = torch.nn.Parameter(t)
             self._owner.register_parameter(name, t)

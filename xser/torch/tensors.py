@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (part of the torch extra: bfloat16 and float8 arrays, imported once here)
 import numpy as np
 import torch
 
