@@ -91,11 +91,11 @@ def within_the_rules(call, root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A saved model with a blocked parameter, a text-format parameter and training state, as bytes per file."""
+    """A saved model with a blocked parameter, a text-format parameter, a safetensors file and training state, as bytes per file."""
     d = tmp_path_factory.mktemp("saved")
     path = d / "m.yaml"
     m = Model(encoder=Linear(4, 6), decoder=Norm(6))
-    with xser.CheckpointSaver(path, keep=2, blocks={"*/W": 4}, formats={"*/b": "dense-text"}) as saver:
+    with xser.CheckpointSaver(path, keep=2, blocks={"*/W": 4}, formats={"*/b": "dense-text", "Norm*": "safetensors"}) as saver:
         saver.save(m, step=1, metrics={"bleu": 1.5}, training_state={"step": 1, "m": np.arange(3.0)})
     files = {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
     return files
@@ -152,7 +152,7 @@ class TestSavedModels:
         victim = data.draw(st.sampled_from(victims))
         root = tmp_path_factory.mktemp("f")
         raw = saved[victim]
-        head = raw[:160] if victim.endswith(".npy") and data.draw(st.booleans()) else raw  # often the header
+        head = raw[:160] if victim.endswith((".npy", ".safetensors")) and data.draw(st.booleans()) else raw  # often the header
         path = materialise(saved, root, victim, data.draw(mutated(head)) + (raw[160:] if head is not raw else b""))
         within_the_rules(lambda: xser.load(path), root)
         within_the_rules(lambda: xser.load(path, verify=True, mmap=True), root)
@@ -202,6 +202,21 @@ class TestImporters:
         raw = victim.read_bytes()
         victim.write_bytes(data.draw(mutated(raw[:3000])) + raw[3000:])
         within_the_rules(lambda: import_xnmt(src / "tiny-train.mod", root / "out.yaml"), root)
+
+    @FUZZ
+    @given(data=st.data())
+    def test_safetensors(self, tmp_path_factory, data):
+        """A safetensors file written by the safetensors package, mutated (header often), imported."""
+        import safetensors.numpy
+
+        from xser.interop.safetensors import import_safetensors
+
+        root = tmp_path_factory.mktemp("f")
+        src = root / "in.safetensors"
+        safetensors.numpy.save_file({"a.w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.int64)}, str(src))
+        raw = src.read_bytes()
+        src.write_bytes(data.draw(mutated(raw[:200])) + raw[200:])
+        within_the_rules(lambda: import_safetensors(src, root / "out.yaml", durable=False), root)
 
     @FUZZ
     @given(data=st.data(), fmt=st.sampled_from(["colid-value-text", "value-binary", "rowid-colid-value-binary", "binary-column", "text-column"]))

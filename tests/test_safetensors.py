@@ -344,3 +344,26 @@ class TestImport:
             import_safetensors(d, tmp_path / "imp.yaml")
         assert message in str(info.value)
         assert not (tmp_path / "imp.yaml").exists()
+
+
+def test_inspect_counts_shared_files_once(tmp_path):
+    """inspect: a bundled parameter shows its own bytes and its file; a tied one says with what it is stored;
+    totals and --verify count each file once."""
+    from xser.tools.inspect import open_model, verify_model
+
+    sys.path.insert(0, HERE)
+    from test_torch import model
+
+    m = model()
+    path = str(tmp_path / "m.yaml")
+    xser.save(m, path, formats={"*": "safetensors"}, durable=False)
+    enc, dec = xser.params(m.encoder).name, xser.params(m.decoder).name
+    view = open_model(path)
+    try:
+        text = "\n".join(view.lines())
+    finally:
+        view.data.close()
+    sizes = sum(os.path.getsize(f"{path}.data/{s}/params.safetensors") for s in (enc, dec))
+    assert f"subcollections: 2, 9 params, {sizes:,} bytes on disk" in text
+    assert f"out.weight  (11, 4)        float32           176 B  (in params.safetensors)  (stored once with {enc}/emb.weight)" in text
+    assert verify_model(path) == ["checkpoint 0 (m.yaml.data): 3 files match their checksums; spec and data belong together"]

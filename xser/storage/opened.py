@@ -17,6 +17,7 @@ import math
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, wait
 from typing import Any
@@ -36,6 +37,7 @@ from .pool import pool
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather", "stop"]
 
+_VERIFY_LOCK = threading.Lock()
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
 
 
@@ -199,10 +201,13 @@ class OpenedDir(DirHandle):
 
     def verify_once(self, block: Block) -> None:
         """Check a file several parameters share against its checksum, once for this opened directory."""
-        done = self.__dict__.setdefault("_verified", set())
-        if block.file not in done:
-            self.verify_file(block.file, block.bytes, block.checksum)
-            done.add(block.file)
+        with _VERIFY_LOCK:
+            lock = self.__dict__.setdefault("_verifying", {}).setdefault(block.file, threading.Lock())
+        with lock:  # readers of other tensors of the file wait for the one check, then trust it
+            done = self.__dict__.setdefault("_verified", set())
+            if block.file not in done:
+                self.verify_file(block.file, block.bytes, block.checksum)
+                done.add(block.file)
 
     def read_many(
         self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None

@@ -100,10 +100,11 @@ class ModelView:
             out.append(f"{pad}{path or '(root)'}: {t.tag} {' '.join(extra)}".rstrip())
         subs = self.data.subcollections
         n_params = sum(len(p) for p in subs.values())
-        n_bytes = sum(b.bytes for p in subs.values() for e in p.values() for b in e.blocks)
+        n_bytes = sum(b.bytes for b in _files(e for p in subs.values() for e in p.values()).values())
         out.append("")
         out.append(f"subcollections: {len(subs)}, {n_params} params, {n_bytes:,} bytes on disk")
         owners = self.spec_subcols
+        first_of: dict = {}  # a parameter's blocks -> the first parameter stored in them (tied weights)
         for sub, params in subs.items():
             where = owners.get(sub)
             out.append(f"  {sub}  ({'not used by the spec' if where is None else 'at ' + (where or 'the root')})")
@@ -113,7 +114,12 @@ class ModelView:
                 flag = "" if e.trainable else "  (not trainable)"
                 if len(e.blocks) > 1:
                     flag += f"  ({len(e.blocks)} blocks)"
-                size = sum(b.bytes for b in e.blocks)
+                size = sum(b.bytes for b in e.blocks) if e.blocks[0].key is None else e.nbytes
+                if e.blocks[0].key is not None:
+                    flag += f"  (in {e.blocks[0].file.rpartition('/')[2]})"
+                same = first_of.setdefault(e.blocks, f"{sub}/{pname}")
+                if same != f"{sub}/{pname}":
+                    flag += f"  (stored once with {same})"
                 links = self.links(e.blocks[0].file)
                 if links > 1:
                     flag += f"  ({links} links: shared with other checkpoints or models)"
@@ -129,6 +135,11 @@ class ModelView:
             out.append("")
             out.append(f"warning: named in the spec but missing on disk: {', '.join(missing)}")
         return out
+
+
+def _files(entries: Any) -> dict:
+    """Each file the entries name, once (files shared by tied parameters or a safetensors file): file -> block."""
+    return {b.file: b for e in entries for b in e.blocks}
 
 
 def checkpoint_table(ckpts: list[Checkpoint]) -> list[str]:
@@ -199,8 +210,8 @@ def verify_model(path: str | os.PathLike) -> list[str]:
                 data.read_all(verify=True)
                 data.read_state_arrays(verify=True)
                 belong_together(saved)
-                n = sum(len(e.blocks) for p in data.subcollections.values() for e in p.values())
-                n += sum(len(e.blocks) for e in data.manifest.state_entries.values()) + (data.manifest.spec is not None)
+                entries = [e for p in data.subcollections.values() for e in p.values()] + list(data.manifest.state_entries.values())
+                n = len(_files(entries)) + (data.manifest.spec is not None)
                 lines.append(f"checkpoint {c.index} ({os.path.basename(data.path)}): {n} files match their checksums; "
                              "spec and data belong together")
         return lines

@@ -8,7 +8,6 @@ under two names (tied weights) is one tensor under both keys.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
