@@ -245,37 +245,27 @@ class TestLoad:
         same_state(saved, m)
         assert opt.param_groups[0]["params"][0] is params_before[0]
 
-    def test_missing_and_unexpected_keys_are_listed_sorted(self, tmp_path):
-        """A changed architecture: both lists in one error, with the data directory and the spec line."""
-        path = str(tmp_path / "m.yaml")
-        m = model()
-        xser.save(m, path, durable=False)
-        sub = xser.params(m.decoder).name
+    KEYS = [
+        (False, ("extra: false", "extra: true"),
+         'missing key(s) in state_dict: "more.bias", "more.weight" (needed by the component at {path}.data/spec.yaml:6:12: decoder)'),
+        (True, ("extra: true", "extra: false"),
+         "params on disk are not declared by the component: more.bias, more.weight (load with strict=False to ignore)"),
+    ]
+
+    @pytest.mark.parametrize("extra, edit, message", KEYS, ids=["missing", "unexpected"])
+    def test_changed_architecture_lists_keys(self, tmp_path, extra, edit, message):
+        """A changed architecture: the keys listed sorted, with the data directory (and the spec line); never half a model."""
         from helpers import edit_spec
 
-        edit_spec(path, lambda t: t.replace("extra: false", "extra: true"))
-        with pytest.raises(xser.DataError) as info:
-            xser.load(path)
-        assert str(info.value) == (
-            f'{path}.data/{sub}: missing key(s) in state_dict: "more.bias", "more.weight" '
-            f"(needed by the component at {path}.data/spec.yaml:6:12: decoder)"
-        )
-
-    def test_unexpected_keys_strict(self, tmp_path):
         path = str(tmp_path / "m.yaml")
-        m = model(extra=True)
+        m = model(extra=extra)
         xser.save(m, path, durable=False)
-        sub = xser.params(m.decoder).name
-        from helpers import edit_spec
-
-        edit_spec(path, lambda t: t.replace("extra: true", "extra: false"))
+        edit_spec(path, lambda t: t.replace(*edit))
         with pytest.raises(xser.DataError) as info:
             xser.load(path)
-        assert str(info.value) == (
-            f"{path}.data/{sub}: params on disk are not declared by the component: more.bias, more.weight "
-            "(load with strict=False to ignore)"
-        )
-        assert not hasattr(xser.load(path, strict=False).decoder, "more")
+        assert str(info.value) == f"{path}.data/{xser.params(m.decoder).name}: " + message.format(path=path)
+        if extra:
+            assert not hasattr(xser.load(path, strict=False).decoder, "more")
 
     def test_load_into_lists_keys(self, tmp_path):
         path = str(tmp_path / "m.yaml")
