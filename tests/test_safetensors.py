@@ -367,3 +367,43 @@ def test_inspect_counts_shared_files_once(tmp_path):
     assert f"subcollections: 2, 9 params, {sizes:,} bytes on disk" in text
     assert f"out.weight  (11, 4)        float32           176 B  (in params.safetensors)  (stored once with {enc}/emb.weight)" in text
     assert verify_model(path) == ["checkpoint 0 (m.yaml.data): 3 files match their checksums; spec and data belong together"]
+
+
+def test_tools_on_a_safetensors_model(tmp_path):
+    """convert links the subcollection files once (keys kept); avg reads by key (its output is npy)."""
+    from xser.tools.convert import convert
+
+    path = str(tmp_path / "m.yaml")
+    m = Model(encoder=Linear(5, 3), decoder=Norm(3))
+    with xser.CheckpointSaver(path, formats={"*": "safetensors"}, durable=False) as saver:
+        saver.save(m, step=1)
+        w0 = m.encoder.W.copy()
+        m.encoder.W[...] += 2
+        saver.save(m, step=2)
+    report = convert(path, tmp_path / "c.yaml", checkpoint=1)
+    conv = xser.read_params(tmp_path / "c.yaml", verify=True)
+    old = xser.read_params(path, checkpoint=1)
+    assert {report.renamed[s]: {k: v.tolist() for k, v in p.items()} for s, p in old.items()} == {
+        s: {k: v.tolist() for k, v in p.items()} for s, p in conv.items()}
+    assert sorted(str(f.relative_to(tmp_path / "c.yaml.data")) for f in (tmp_path / "c.yaml.data").rglob("*.safetensors")) == sorted(
+        f"{s}/params.safetensors" for s in conv)
+    average(path, tmp_path / "avg.yaml")
+    avg = xser.load(tmp_path / "avg.yaml", verify=True)
+    assert np.array_equal(avg.encoder.W, ((w0.astype(np.float64) + m.encoder.W.astype(np.float64)) / 2).astype(np.float32))
+
+
+def test_declared_format_in_a_component(tmp_path):
+    """add(..., format="safetensors") in a torch component: that tensor goes to the subcollection's file."""
+    @xser.serializable(tag="!TStDecl")
+    class Declared(torch.nn.Module):
+        def __attrs_post_init__(self):
+            self.w = xser.params(self).add("w", (2, 3), init="ones", format="safetensors")
+            self.v = xser.params(self).add("v", 4, trainable=False)
+
+    m = Declared()
+    assert isinstance(m.w, torch.nn.Parameter) and dict(m.named_buffers()) == {"v": m.v}
+    path = str(tmp_path / "m.yaml")
+    xser.save(m, path, durable=False)
+    assert sorted(os.listdir(f"{path}.data/{xser.params(m).name}")) == ["params.safetensors", "v.npy"]
+    back = xser.load(path)
+    assert torch.equal(back.w, m.w) and torch.equal(back.v, m.v)
