@@ -91,6 +91,7 @@ def save(
     blocks: dict | None = None,
     formats: dict | None = None,
     threads: int = 2,
+    shards: int | None = None,
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters and its own spec copy).
 
@@ -105,9 +106,11 @@ def save(
     kept and must still match the model. ``training`` and ``custom`` are JSON mappings stored
     in the manifest; xser never writes ``custom`` itself. A durable save fsyncs files and
     directories before it returns; ``durable=False`` skips that. ``threads`` files are written
-    at once.
+    at once. ``shards=N`` packs every array stored as npy into at most N safetensors containers
+    (``model-000000-of-00000N.safetensors``), each written by its own thread; the manifest records each
+    array's file, offset and length (a row range reads only its bytes).
     """
-    save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads), name=name, training=training, custom=custom)
+    save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards), name=name, training=training, custom=custom)
 
 
 def load(

@@ -46,6 +46,7 @@ class SaveOptions:
     blocks: dict = attrs.field(factory=dict, converter=_mapping)
     formats: dict = attrs.field(factory=dict, converter=_mapping)
     threads: int = 2
+    shards: int | None = None  # pack every npy array into at most this many safetensors containers, one writer each
 
 
 @attrs.frozen
@@ -109,10 +110,10 @@ def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, opt
     """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
-        formats=snap.formats, blocks=options.blocks, previous=previous,
+        formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
     )
     staging = stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
-    results = write(staging.path, plan, durable=options.durable, threads=options.threads)
+    results = write(staging.path, plan, durable=options.durable, threads=max(options.threads, options.shards or 0))
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
     return staging
 
@@ -237,7 +238,8 @@ class CheckpointSaver:
     ``KeepEvery``, combined with ``|``); the newest checkpoint is always kept. ``blocks``
     maps ``"subcollection/param"`` patterns to a block size (rows, or a tuple of rows and
     columns): matching parameters are stored as several files; ``formats`` maps patterns to
-    weight formats (see ``xser.save``). ``threads`` writer threads write files in parallel.
+    weight formats (see ``xser.save``). ``threads`` writer threads write files in parallel;
+    ``shards=N`` packs the arrays into at most N safetensors containers (see ``xser.save``).
     The saver holds ``<model>.lock`` from construction until ``close()`` (or the end of a
     ``with`` block): a second saver on the same model gets a ``CheckpointError``.
     ``restart=True`` starts a new model: the first save replaces every existing checkpoint.
@@ -253,9 +255,10 @@ class CheckpointSaver:
         blocks: Mapping[str, Any] | None = None,
         formats: Mapping[str, Any] | None = None,
         threads: int = 2,
+        shards: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
-        self.options = SaveOptions(durable, blocks, formats, threads)
+        self.options = SaveOptions(durable, blocks, formats, threads, shards)
         self.policy = as_policy(keep)
         self.restart = restart
         self._warned: set[tuple[str, str]] = set()

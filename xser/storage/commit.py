@@ -103,7 +103,8 @@ def finish(
         blocks = []
         for index, start, shape, key in p.pieces:
             r = results[index]
-            blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape, key))
+            span = r.spans.get(key) if r.spans is not None else None
+            blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape, key, span))
         return param_json(p.dtype, p.shape, p.trainable, blocks)
 
     if plan.state is not None:

@@ -68,6 +68,8 @@ class Block:
     start: tuple[int, ...] | None = None  # None: the block is the whole parameter
     shape: tuple[int, ...] | None = None
     key: str | None = None  # the tensor's name in a file that holds several (safetensors)
+    offset: int | None = None  # where the tensor's bytes start in that file (packed containers)
+    length: int | None = None  # how many bytes they are
 
     def box(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return (self.start, self.shape) if self.start is not None else ((0,) * len(full), full)
@@ -117,11 +119,13 @@ class Manifest:
 
 def block_json(
     file: str, fmt: str, size: int, checksum: tuple[str, str], start: tuple | None = None, shape: tuple | None = None,
-    key: str | None = None,
+    key: str | None = None, span: tuple[int, int] | None = None,
 ) -> dict:
     b: dict[str, Any] = {"file": file, "format": fmt, "bytes": int(size), checksum[0]: checksum[1]}
     if key is not None:
         b["key"] = key
+    if span is not None:
+        b["offset"], b["length"] = int(span[0]), int(span[1])
     if start is not None:
         b["start"], b["shape"] = [int(x) for x in start], [int(x) for x in shape]
     return b
@@ -301,7 +305,7 @@ def _spec_block(b: Any, mpath: str) -> Block:
     return Block(_check_name(b["file"], mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
 
 
-_BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key"} | set(CHECKSUMS))
+_BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key", "offset", "length"} | set(CHECKSUMS))
 
 
 def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
@@ -332,9 +336,17 @@ def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
     key = b.get("key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > 1000):
         raise ValueError(f"block key must be a non-empty string, got {key!r}")
-    if key is not None and (start is not None or not getattr(get_format(fmt), "bundle", False)):
-        raise ValueError(f"a key names a tensor in a {fmt} file; format {fmt!r} holds one array per file")
-    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape, key)
+    if key is not None and not getattr(get_format(fmt), "bundle", False):
+        raise ValueError(f"a key names a tensor in a file that holds several; format {fmt!r} holds one array per file")
+    offset, length = b.get("offset"), b.get("length")
+    if (offset is None) != (length is None) or (offset is not None and key is None):
+        raise ValueError("offset and length come together, with a key")
+    if offset is not None:
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be non-negative ints, got {offset!r} and {length!r}")
+        if offset + length > size:
+            raise ValueError(f"bytes {offset}..{offset + length} lie outside the file's {size}")
+    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape, key, offset, length)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:

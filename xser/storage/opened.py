@@ -147,6 +147,8 @@ class OpenedDir(DirHandle):
         kw = {}
         if block.key is not None:  # one tensor of a shared file: the file is verified once, the tensor read by key
             kw["key"] = block.key
+            if block.offset is not None:
+                kw["span"] = (block.offset, block.length)
             if checksum is not None:
                 self.verify_once(block)
                 checksum = None
@@ -180,7 +182,8 @@ class OpenedDir(DirHandle):
                     elif block.key is not None:
                         if checksum is not None:
                             self.verify_once(block)
-                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, key=block.key)
+                        span = (block.offset, block.length) if block.offset is not None else None
+                        yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, key=block.key, span=span)
                     elif checksum is not None:
                         yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, verify=checksum)
                     else:
@@ -190,7 +193,10 @@ class OpenedDir(DirHandle):
             return
         if verify:  # each block file once, before any of it is used
             for block in entry.blocks:
-                self.verify_file(block.file, block.bytes, block.checksum)
+                if block.key is not None:
+                    self.verify_once(block)
+                else:
+                    self.verify_file(block.file, block.bytes, block.checksum)
         if not entry.shape:
             yield self.read(entry).reshape(-1)
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -138,6 +139,41 @@ def _link_candidate(previous: Any, sub: str, name: str, payload: Any, fmt: str, 
     return None
 
 
+def _pack(packed: list, shards: int, pieces: list, params: list, previous: Any) -> list:
+    """Deal the packed arrays to ``min(shards, len(packed))`` containers (largest first, to the lightest one: never an
+    empty file), append one piece per container, and point the parameters' references at them."""
+    n = min(shards, len(packed))
+    names = [f"model-{i:06d}-of-{n:06d}.safetensors" for i in range(n)]
+    load = [0] * n
+    where = [0] * len(packed)
+    for i in sorted(range(len(packed)), key=lambda i: -math.prod(packed[i][1].shape) * np.dtype(packed[i][1].dtype).itemsize):
+        b = min(range(n), key=lambda k: (load[k], k))
+        where[i] = b
+        load[b] += math.prod(packed[i][1].shape) * np.dtype(packed[i][1].dtype).itemsize
+    first = len(pieces)
+    bins: list[dict] = [{} for _ in range(n)]
+    for i, (key, payload) in enumerate(packed):
+        bins[where[i]][key] = payload
+    for name, arrays in zip(names, bins):
+        pieces.append(Piece(name, Bundle(arrays), "safetensors", {}, _file_link(previous, name)))
+    return [
+        attrs.evolve(p, pieces=tuple((first + where[-1 - r[0]], *r[1:]) if r[0] < 0 else r for r in p.pieces))
+        for p in params
+    ]
+
+
+def _file_link(previous: Any, rel: str) -> tuple | None:
+    """The previous checkpoint's container of this name (linked if the new one has the same bytes)."""
+    if previous is None:
+        return None
+    for entries in previous.subcollections.values():
+        for entry in entries.values():
+            for b in entry.blocks:
+                if b.file == rel:
+                    return previous, b
+    return None
+
+
 def _bundle_link(previous: Any, sub: str, fmt: str) -> tuple | None:
     """The previous checkpoint's file of this subcollection in this format (linked if the new one has the same bytes)."""
     if previous is None:
@@ -158,15 +194,24 @@ def plan_save(
     formats: Mapping[str, Any] | None = None,
     blocks: Mapping[str, Any] | None = None,
     previous: Any = None,
+    shards: int | None = None,
 ) -> Plan:
-    """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable)}}``)."""
+    """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable)}}``).
+
+    ``shards=N`` packs every array stored as npy (the default format) into at most N safetensors
+    containers, ``model-%06d-of-%06d.safetensors``, balanced by bytes; each is one piece (one writer).
+    """
+    if shards is not None and (not isinstance(shards, int) or isinstance(shards, bool) or shards < 1):
+        raise DataError(f"shards must be an int >= 1, got {shards!r}")
     pieces: list[Piece] = []
+    packed: list[tuple[str, Any]] = []  # (key in the container, array or Lazy): placed after every parameter is seen
     params: list[PlannedParam] = []
     dirs: list[str] = []
 
     bundles: dict[tuple, int] = {}  # (subcollection, format) or (source, file): the piece of a file holding several tensors
 
-    def add(sub: str, name: str, item: Any, trainable: bool, fmt: str, options: dict, block: tuple | None, prev: Any) -> PlannedParam:
+    def add(sub: str, name: str, item: Any, trainable: bool, fmt: str, options: dict, block: tuple | None, prev: Any,
+            pack: bool = True) -> PlannedParam:
         refs = []
         dtype, shape = np.dtype(item.dtype), tuple(item.shape)
         if isinstance(item, FromFile) and item.key is not None:  # a tensor of a published bundle: link the file once
@@ -184,6 +229,11 @@ def plan_save(
                 pieces.append(Piece(f"{sub}/params{FORMATS[fmt].suffix}", Bundle({}), fmt, options, _bundle_link(prev, sub, fmt)))
             pieces[at].payload.arrays[name] = item
             return PlannedParam(sub, name, dtype, shape, bool(trainable), ((at, None, None, name),))
+        if shards is not None and pack and fmt == "npy" and isinstance(item, (np.ndarray, Lazy)):
+            for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, ""):
+                refs.append((-1 - len(packed), start, bshape, rel))
+                packed.append((rel, payload))
+            return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
         for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, FORMATS[fmt].suffix):
             pfmt = payload.format if isinstance(payload, FromFile) else ("npy" if isinstance(payload, Stream) else fmt)
             link = _link_candidate(prev, sub, name, payload, pfmt, start, bshape)
@@ -208,6 +258,8 @@ def plan_save(
             params.append(add(sub, name, item, trainable, fmt, options, block, previous))
             if same is not None:
                 stored[(same, fmt, repr(options), block)] = params[-1]
+    if packed:
+        params = _pack(packed, shards, pieces, params, previous)
     spec = None
     if spec_text is not None:
         spec = len(pieces)
@@ -216,7 +268,7 @@ def plan_save(
     state = None
     if state_arrays is not None:
         dirs.append(STATE_DIR)
-        state = tuple(add(STATE_DIR, key, value, False, "npy", {}, None, None) for key, value in state_arrays.items())
+        state = tuple(add(STATE_DIR, key, value, False, "npy", {}, None, None, pack=False) for key, value in state_arrays.items())
     return Plan(tuple(dirs), tuple(pieces), tuple(params), tuple(arrays), spec, state_tree, state)
 
 

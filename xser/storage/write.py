@@ -35,6 +35,7 @@ class WriteResult:
     bytes: int
     checksum: tuple[str, str]
     linked: bool
+    spans: dict | None = None  # a file holding several tensors: key -> (offset, length)
 
 
 def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
@@ -120,11 +121,11 @@ def _write_bundle(path: str, piece: Piece, durable: bool) -> WriteResult:
         source, block = piece.link
         known = fmt.digest_bundle(b.arrays, b.metadata)
         if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0] and _link(source, block.file, path):
-            return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True)
+            return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True, fmt.spans(b.arrays, b.metadata))
     size, digest = fmt.write_bundle(path, b.arrays, b.metadata, known)
     if durable:
         fsync_file(path)
-    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
+    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False, fmt.spans(b.arrays, b.metadata))
 
 
 def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:

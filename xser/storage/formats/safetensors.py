@@ -121,6 +121,16 @@ class SafetensorsFormat:
     suffix = ".safetensors"
     bundle = True  # one file holds every parameter of a subcollection stored in this format
 
+    def spans(self, arrays: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> dict[str, tuple[int, int]]:
+        """``{name: (offset in the file, length)}`` of the file ``write_bundle`` writes for these arrays."""
+        header, order = render_header({k: (np.dtype(a.dtype), tuple(a.shape)) for k, a in arrays.items()}, metadata, "<bundle>")
+        out, at = {}, len(header)
+        for name in order:
+            n = math.prod(arrays[name].shape) * np.dtype(arrays[name].dtype).itemsize
+            out[name] = (at, n)
+            at += n
+        return out
+
     def write_bundle(self, path: str, arrays: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
                      known: tuple[int, str] | None = None) -> tuple[int, str]:
         """Write ``{name: array or Lazy}`` as one file; a ``Lazy`` is made when its turn comes, then let go."""
@@ -162,10 +172,17 @@ class SafetensorsFormat:
             raise DataError(f"the safetensors format takes no options, got {sorted(options)}", Location(path))
         return self.write_bundle(path, {key: array}, None, known)
 
-    def _find(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, key: str) -> tuple[int, int]:
+    def _find(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, key: str,
+              span: tuple[int, int] | None = None) -> tuple[int, int]:
         actual = os.fstat(f.fileno()).st_size
         if actual != size:
             raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
+        if span is not None:  # a packed container: the manifest says where (no header parse per tensor)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if span[1] != nbytes or span[0] + span[1] > actual:
+                raise DataError(f"tensor {key!r}: the manifest's {span[1]} bytes at {span[0]} do not hold "
+                                f"{shape_str(shape)} {dtype} in a file of {actual}", Location(where))
+            return span
         head, start = parse_header(f, where, actual)
         t = head.get(key) if key != "__metadata__" else None
         if t is None:
@@ -178,8 +195,8 @@ class SafetensorsFormat:
         return start + begin, math.prod(shape) * dtype.itemsize
 
     def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any,
-             key: str = "tensor") -> np.ndarray:
-        offset, nbytes = self._find(f, where, dtype, shape, size, key)
+             key: str = "tensor", span: tuple[int, int] | None = None) -> np.ndarray:
+        offset, nbytes = self._find(f, where, dtype, shape, size, key, span)
         if verify is not None:
             f.seek(0)
             check_digest(verify, digest_stream(f, verify[0])[1], where)
@@ -192,9 +209,9 @@ class SafetensorsFormat:
         return out
 
     def read_rows(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, rows: tuple[int, int], *,
-                  verify: Any, key: str = "tensor") -> np.ndarray:
-        """Rows ``first:stop``: only their bytes (offsets from the header)."""
-        offset, _ = self._find(f, where, dtype, shape, size, key)
+                  verify: Any, key: str = "tensor", span: tuple[int, int] | None = None) -> np.ndarray:
+        """Rows ``first:stop``: only their bytes (offsets from the manifest or the header)."""
+        offset, _ = self._find(f, where, dtype, shape, size, key, span)
         if verify is not None:
             f.seek(0)
             check_digest(verify, digest_stream(f, verify[0])[1], where)
@@ -207,8 +224,8 @@ class SafetensorsFormat:
         return out
 
     def chunks(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, elements: int, buffer: Any = None,
-               verify: Any = None, key: str = "tensor") -> Iterator[np.ndarray]:
-        offset, nbytes = self._find(f, where, dtype, shape, size, key)
+               verify: Any = None, key: str = "tensor", span: tuple[int, int] | None = None) -> Iterator[np.ndarray]:
+        offset, nbytes = self._find(f, where, dtype, shape, size, key, span)
         if verify is not None:
             f.seek(0)
             check_digest(verify, digest_stream(f, verify[0])[1], where)

@@ -1,0 +1,148 @@
+"""Packed containers: save(shards=N) writes every npy array into at most N safetensors files, one writer each."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+import xser
+from components import Linear, Model, Norm
+from strategies import bit_equal, leaf_of
+
+
+def containers(path: str) -> list[str]:
+    return sorted(f for f in os.listdir(path + ".data") if f.endswith(".safetensors"))
+
+
+class TestPacking:
+    @pytest.mark.parametrize("shards", [1, 2, 8])
+    def test_round_trip_and_safe_open(self, tmp_path, shards):
+        """Every array in the containers, each container readable by safe_open; load, mmap and verify give the bits."""
+        arrays = {f"p{i}": np.random.default_rng(i).standard_normal((i + 1, 3)).astype(np.float32) for i in range(12)}
+        arrays["flags"] = np.array([True, False, True])
+        leaf = leaf_of(arrays)
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=shards, durable=False)
+        files = containers(path)
+        assert files == [f"model-{i:06d}-of-{len(files):06d}.safetensors" for i in range(len(files))] and len(files) == shards
+        sub = xser.params(leaf).name
+        seen = {}
+        for f in files:
+            with safe_open(f"{path}.data/{f}", "np") as g:
+                for k in g.keys():
+                    seen[k] = g.get_tensor(k)
+        assert sorted(seen) == sorted(f"{sub}/{k}" for k in arrays)
+        assert all(bit_equal(seen[f"{sub}/{k}"], a) for k, a in arrays.items())
+        assert os.listdir(f"{path}.data/{sub}") == []
+        for kw in ({}, {"mmap": True}, {"verify": True}):
+            back = xser.params(xser.load(path, **kw))
+            assert all(bit_equal(back[k], a) for k, a in arrays.items()), kw
+
+    def test_fewer_arrays_than_writers(self, tmp_path):
+        """Three arrays, eight writers: three files, no empty file, no hang."""
+        leaf = leaf_of({f"a{i}": np.full(4, i, np.int32) for i in range(3)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=8, durable=False)
+        assert containers(path) == [f"model-{i:06d}-of-000003.safetensors" for i in range(3)]
+        empty = leaf_of({})
+        xser.save(empty, str(tmp_path / "e.yaml"), shards=8, durable=False)
+        assert containers(str(tmp_path / "e.yaml")) == []
+
+    def test_balanced_by_bytes(self, tmp_path):
+        sizes = [1000, 10, 10, 10, 990, 5]
+        leaf = leaf_of({f"a{i}": np.zeros(n, np.float32) for i, n in enumerate(sizes)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=2, durable=False)
+        datas = [os.path.getsize(f"{path}.data/{f}") for f in containers(path)]
+        assert abs(datas[0] - datas[1]) < 200
+
+    def test_manifest_records_offset_and_length(self, tmp_path):
+        leaf = leaf_of({"w": np.arange(12, dtype=np.float32).reshape(3, 4), "v": np.ones(2, np.float64)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=1, durable=False)
+        m = json.loads(Path(path + ".data/manifest.json").read_text())
+        sub = xser.params(leaf).name
+        (w,) = m["subcollections"][sub]["w"]["blocks"]
+        raw = Path(path + ".data/" + w["file"]).read_bytes()
+        assert w["key"] == f"{sub}/w" and w["length"] == 48 and w["bytes"] == len(raw)
+        assert np.frombuffer(raw[w["offset"] : w["offset"] + 48], np.float32).tolist() == list(range(12))
+
+    def test_row_ranges_read_only_their_bytes(self, tmp_path, monkeypatch):
+        from xser.storage.formats import safetensors as fmt
+
+        w = np.arange(1000 * 16, dtype=np.float32).reshape(1000, 16)
+        leaf = leaf_of({"w": w, "x": np.ones(7, np.float32)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=2, durable=False)
+        sub = xser.params(leaf).name
+        read = []
+        real = fmt._read_exactly
+        monkeypatch.setattr(fmt, "_read_exactly", lambda f, view, where: (read.append(view.nbytes), real(f, view, where)))
+        assert np.array_equal(xser.read_params(path, rows={f"{sub}/w": (10, 12)})[sub]["w"], w[10:12])
+        assert sorted(read) == [28, 2 * 16 * 4]
+
+    def test_blocks_ties_and_training_state(self, tmp_path):
+        """Blocks are separate tensors in the containers; a tensor under two names is one key; training state stays npy."""
+        m = Model(encoder=Linear(5, 3), decoder=Norm(3))
+        path = str(tmp_path / "m.yaml")
+        with xser.CheckpointSaver(path, shards=3, blocks={"*/W": 2}, durable=False) as saver:
+            saver.save(m, step=1, training_state={"m": np.arange(3.0)})
+            m.encoder.b[...] += 1
+            report = saver.save(m, step=2, training_state={"m": np.arange(3.0)})
+        assert report.linked >= 1  # unchanged containers and state are linked, not rewritten
+        back = xser.load(path, verify=True)
+        assert np.array_equal(back.encoder.W, m.encoder.W) and np.array_equal(back.encoder.b, m.encoder.b)
+        assert xser.load_training_state(path)["m"].tolist() == [0.0, 1.0, 2.0]
+        assert os.listdir(path + ".data/training_state") == ["0.npy"]
+
+    def test_bad_shards(self, tmp_path):
+        with pytest.raises(xser.DataError, match="shards must be an int >= 1, got 0"):
+            xser.save(leaf_of({"a": np.ones(2)}), str(tmp_path / "m.yaml"), shards=0)
+        assert not (tmp_path / "m.yaml").exists()
+
+    @pytest.mark.parametrize("edit, message", [
+        (lambda b: b.update(offset=10**9), "lie outside the file's"),
+        (lambda b: b.update(length=-1), "offset and length must be non-negative ints, got"),
+        (lambda b: b.pop("length"), "offset and length come together, with a key"),
+    ])
+    def test_bad_manifest_spans(self, tmp_path, edit, message):
+        leaf = leaf_of({"w": np.ones(4, np.float32)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=1, durable=False)
+        mp = Path(path + ".data/manifest.json")
+        m = json.loads(mp.read_text())
+        edit(m["subcollections"][xser.params(leaf).name]["w"]["blocks"][0])
+        mp.write_text(json.dumps(m))
+        with pytest.raises(xser.DataError) as info:
+            xser.load(path)
+        assert message in str(info.value) and str(info.value).startswith(f"{mp}: corrupt manifest")
+
+    def test_a_span_that_lies_about_the_tensor(self, tmp_path):
+        """A manifest whose span is inside the file but of the wrong length: refused before reading."""
+        leaf = leaf_of({"w": np.ones(4, np.float32), "v": np.ones(8, np.float32)})
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, shards=1, durable=False)
+        mp = Path(path + ".data/manifest.json")
+        m = json.loads(mp.read_text())
+        m["subcollections"][xser.params(leaf).name]["w"]["blocks"][0]["length"] = 8
+        mp.write_text(json.dumps(m))
+        with pytest.raises(xser.DataError, match="the manifest's 8 bytes at .* do not hold"):
+            xser.load(path)
+
+    @settings(max_examples=30, deadline=None)
+    @given(n=st.integers(0, 20), shards=st.integers(1, 9))
+    def test_any_count(self, tmp_path_factory, n, shards):
+        arrays = {f"a{i}": np.full((i % 3 + 1, 2), i, np.int64) for i in range(n)}
+        leaf = leaf_of(arrays)
+        path = str(tmp_path_factory.mktemp("s") / "m.yaml")
+        xser.save(leaf, path, shards=shards, durable=False)
+        assert len(containers(path)) == min(n, shards)
+        back = xser.params(xser.load(path))
+        assert all(bit_equal(back[k], a) for k, a in arrays.items())
