@@ -105,6 +105,13 @@ def op_save(d):  # a fresh build with new names and new shapes, saved over the o
     xser.save(lin(4, 5, 2.0), f"{d}/m.yaml")
 
 
+def op_rotate_packed(d):  # packed containers: several safetensors files, some linked from the previous checkpoint
+    m = xser.load(f"{d}/m.yaml")
+    m.W[...] = 3
+    with xser.CheckpointSaver(f"{d}/m.yaml", keep=2, shards=2) as s:
+        s.save(m, step=3, training_state={"step": 3, "m": np.full(3, 3, np.float32)})
+
+
 def setup_nothing(d):
     pass
 
@@ -199,6 +206,7 @@ OPS = {
     "save": (setup_save, op_save),
     "save-first": (setup_nothing, op_save),
     "rotate": (setup_rotate, op_rotate),
+    "rotate-packed": (setup_rotate, op_rotate_packed),
     "restart": (setup_restart, op_restart),
     "partial": (setup_partial, op_partial),
     "avg": (setup_tool, op_avg),

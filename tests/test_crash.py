@@ -17,7 +17,7 @@ import sys
 import pytest
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_child.py")
-OPS = ["save", "save-first", "rotate", "restart", "partial", "avg", "convert", "ensemble", "import"]
+OPS = ["save", "save-first", "rotate", "rotate-packed", "restart", "partial", "avg", "convert", "ensemble", "import"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -93,16 +93,15 @@ class TestWeightFormat:
         assert np.array_equal(back.encoder.W, m.encoder.W) and np.array_equal(back.encoder.b, m.encoder.b)
 
     def test_row_ranges_read_only_their_bytes(self, tmp_path, monkeypatch):
-        from xser.storage.formats import safetensors as fmt
-
+        """Packed tensors are read with one pread each, of their own bytes (a row range: of its rows)."""
         path = str(tmp_path / "m.yaml")
         w = np.arange(1000 * 64, dtype=np.float32).reshape(1000, 64)
         leaf = leaf_of({"w": w, "v": np.ones(10, np.float32)})
         xser.save(leaf, path, formats={"*": "safetensors"}, durable=False)
         sub = xser.params(leaf).name
         read = []
-        real = fmt._read_exactly
-        monkeypatch.setattr(fmt, "_read_exactly", lambda f, view, where: (read.append(view.nbytes), real(f, view, where)))
+        real = os.preadv
+        monkeypatch.setattr(os, "preadv", lambda fd, bufs, offset: (read.append(sum(memoryview(b).nbytes for b in bufs)), real(fd, bufs, offset))[1])
         got = xser.read_params(path, rows={f"{sub}/w": (500, 510)})[sub]["w"]
         assert np.array_equal(got, w[500:510])
         assert sorted(read) == [40, 10 * 64 * 4]

@@ -14,6 +14,7 @@ model file is untrusted input.
 from __future__ import annotations
 
 import math
+import mmap as mmap_module
 import errno
 import os
 import stat
@@ -70,6 +71,14 @@ class OpenedDir(DirHandle):
         except BaseException:
             os.close(fd)
             raise
+
+    def close(self) -> None:
+        """Close the directory and the containers opened through it (maps stay valid for the arrays over them)."""
+        with _VERIFY_LOCK:
+            held = self.__dict__.pop("_containers", {})
+        for f, _ in held.values():
+            f.close()
+        super().close()
 
     # -- what the manifest says
 
@@ -140,6 +149,10 @@ class OpenedDir(DirHandle):
         return out
 
     def _read_block(self, entry: ParamEntry, block: Block, rows: tuple[int, int] | None, *, mmap: bool, verify: bool) -> np.ndarray:
+        if block.offset is not None and block.format == "safetensors":
+            if verify:
+                self.verify_once(block)
+            return self._read_span(entry, block, rows, mmap)
         fmt = get_format(block.format)
         where = self.where(block.file)
         _, bshape = block.box(entry.shape)
@@ -204,6 +217,50 @@ class OpenedDir(DirHandle):
         step = max(1, elements // row)
         for first in range(0, entry.shape[0], step):
             yield self.read(entry, rows=(first, min(entry.shape[0], first + step))).reshape(-1)
+
+    def _container(self, block: Block) -> tuple[Any, Any]:
+        """A file holding many tensors, opened (and its size checked) once for this directory: (file, map or None)."""
+        with _VERIFY_LOCK:
+            held = self.__dict__.setdefault("_containers", {})
+            got = held.get(block.file)
+            if got is None:
+                f = self.open_file(block.file)
+                size = os.fstat(f.fileno()).st_size
+                if size != block.bytes:
+                    f.close()
+                    raise DataError(f"file has {size} bytes, manifest says {block.bytes} (truncated or replaced?)",
+                                    Location(self.where(block.file)))
+                got = held[block.file] = [f, None]
+            return got
+
+    def _read_span(self, entry: ParamEntry, block: Block, rows: tuple[int, int] | None, mmap: bool) -> np.ndarray:
+        """A tensor of a packed container, at the manifest's offset: one pread into the result, or a view of one map."""
+        held = self._container(block)
+        start, bshape = block.box(entry.shape)
+        where = self.where(block.file)
+        stored = entry.dtype.newbyteorder("<") if entry.dtype.byteorder == ">" else entry.dtype
+        if block.length != math.prod(bshape) * stored.itemsize:
+            raise DataError(f"tensor {block.key!r}: the manifest's {block.length} bytes at {block.offset} do not hold "
+                            f"{tuple(bshape)} {entry.dtype}", Location(where))
+        offset, shape = block.offset, tuple(bshape)
+        if rows is not None and shape:
+            row = math.prod(shape[1:]) * stored.itemsize
+            offset, shape = offset + rows[0] * row, (rows[1] - rows[0],) + shape[1:]
+        if mmap and block.length and rows is None and offset % max(1, stored.itemsize) == 0:
+            with _VERIFY_LOCK:
+                if held[1] is None:
+                    held[1] = mmap_module.mmap(held[0].fileno(), 0, access=mmap_module.ACCESS_COPY)
+            out = np.ndarray(shape, stored, buffer=held[1], offset=offset)
+        else:
+            out = np.empty(shape, stored)
+            view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
+            got = 0
+            while got < view.size:
+                n = os.preadv(held[0].fileno(), [view[got:]], offset + got)
+                if n <= 0:
+                    raise DataError(f"file ended inside tensor {block.key!r}", Location(where))
+                got += n
+        return out if stored == entry.dtype else out.astype(entry.dtype)
 
     def verify_once(self, block: Block) -> None:
         """Check a file several parameters share against its checksum, once for this opened directory."""

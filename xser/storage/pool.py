@@ -42,7 +42,8 @@ def _get(name: str, workers: int, prefix: str) -> ThreadPoolExecutor:
 
 def pool() -> ThreadPoolExecutor:
     """The shared pool for file I/O, made on first use (at most 8 threads, at least 2)."""
-    return _get("_POOL", max(2, min(8, os.cpu_count() or 2)), "xser-io")
+    ex = _POOL
+    return ex if ex is not None else _get("_POOL", max(2, min(8, os.cpu_count() or 2)), "xser-io")
 
 
 def cpu_pool() -> ThreadPoolExecutor:
