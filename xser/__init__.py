@@ -35,6 +35,8 @@ from .interop import safetensors as _safetensors  # registers !SafetensorsWeight
 from .model.build import Experiment as Experiment
 from .model.build import ExperimentSpec as ExperimentSpec
 from .model.params import Subcollection as Subcollection
+from .model.tables import HashTable as HashTable
+from .model.tables import IdSlice as IdSlice
 from .model.params import params as params
 from .model.registry import serializable as serializable
 from .storage.formats import register_format as register_format
@@ -50,6 +52,8 @@ __all__ = [
     "Ensemble",
     "Experiment",
     "ExperimentSpec",
+    "HashTable",
+    "IdSlice",
     "KeepBest",
     "KeepEvery",
     "KeepLast",

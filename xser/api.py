@@ -122,6 +122,7 @@ def load(
     checkpoint: int = 0,
     rows: dict | None = None,
     device: Any = None,
+    tables: dict | None = None,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
@@ -133,13 +134,15 @@ def load(
     ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
     component then holds a partial array: its first dimension is ``stop - first``).
     ``device`` (torch components): where their tensors go after they are read (default: the CPU).
+    ``tables={"subcol/table": ids or xser.IdSlice(begin, end, size)}`` loads only those rows of hash tables
+    (the ids given, or those with ``id % size`` in ``[begin, end)``: RecIS's resharding rule).
     """
     path = os.fspath(path)
 
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)
-            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables)
 
     return retrying(path, once)
 
@@ -166,7 +169,8 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict:
                 if disk is None or disk not in data.subcollections:
                     raise DataError(f"the saved model has no parameters for the component at {where} ({name})", Location(path))
                 entries = data.subcollections[disk]
-                missing, unexpected = sorted(set(sub) - set(entries)), sorted(set(entries) - set(sub))
+                have = set(sub.names())
+                missing, unexpected = sorted(have - set(entries)), sorted(set(entries) - have)
                 if missing or (strict and unexpected):
                     text = "; ".join(
                         f"{what} key(s): " + ", ".join(f'"{k}"' for k in keys)
@@ -174,7 +178,7 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict:
                         if keys
                     )
                     raise DataError(f"{text} (component at {where})", Location(os.path.join(data.path, disk)))
-                plan.append((sub, disk, [e for n, e in entries.items() if n in sub]))
+                plan.append((sub, disk, [e for n, e in entries.items() if n in have]))
             if strict:
                 unused = sorted(set(data.subcollections) - {disk for _, disk, _ in plan})
                 if unused:

@@ -87,7 +87,7 @@ def cmd_avg(args: argparse.Namespace) -> int:
         report = average(
             args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
             mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=start,
-            verify=not args.no_verify,
+            verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots,
         )
     finally:
         for bar in bars:
@@ -209,6 +209,9 @@ def _avg_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("max", "min"), default="max", help="for --best: higher or lower is better")
     p.add_argument("--weights", type=_float_list, metavar="W0,W1,...", help="weighted mean, one weight per selected checkpoint, newest first")
     p.add_argument("--accumulate", choices=("float64", "float32"), default="float64", help="sum in this precision (float32 is faster)")
+    p.add_argument("--missing", choices=("present", "zero"), default="present",
+                   help="hash tables: a row is the mean over the checkpoints that hold its id (present) or over all, absent rows as zeros")
+    p.add_argument("--drop-slots", action="store_true", help="hash tables: leave the optimizer slots out of the average")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 

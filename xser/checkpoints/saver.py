@@ -27,7 +27,7 @@ from ..storage.plan import plan_save
 from ..storage.write import write
 from .policy import Policy, as_policy, metrics_of, retain
 from .publish import publish_new_model, recover, replace_newest, rotate, sync_spec
-from .snapshot import Snapshot, snapshot
+from .snapshot import Snapshot, growing, snapshot
 
 __all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
 
@@ -65,7 +65,7 @@ class SaveReport:
 
 
 def _disk_structure(entries: Mapping[str, Mapping[str, ParamEntry]]) -> dict:
-    return {s: {n: (e.dtype, e.shape) for n, e in ps.items()} for s, ps in entries.items()}
+    return {s: {n: (e.dtype, growing(n, e.shape)) for n, e in ps.items()} for s, ps in entries.items()}
 
 
 def _mismatch(new: dict, old: dict) -> str | None:

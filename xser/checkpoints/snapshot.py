@@ -21,7 +21,7 @@ from ..model.serialize import to_tree
 from ..spec.saved import render_saved
 from ..storage import training_state
 
-__all__ = ["Snapshot", "check_metrics", "check_step", "plain_json", "snapshot"]
+__all__ = ["Snapshot", "check_metrics", "check_step", "growing", "plain_json", "snapshot"]
 
 
 @attrs.frozen
@@ -35,7 +35,12 @@ class Snapshot:
 
     @property
     def structure(self) -> dict:
-        return {s: {n: (np.dtype(a.dtype), tuple(a.shape)) for n, (a, _) in ps.items()} for s, ps in self.arrays.items()}
+        return {s: {n: (np.dtype(a.dtype), growing(n, tuple(a.shape))) for n, (a, _) in ps.items()} for s, ps in self.arrays.items()}
+
+
+def growing(name: str, shape: tuple) -> tuple:
+    """The shape a checkpoint must keep: a table's parts (``emb@id``) grow, so their first dimension is free."""
+    return (None,) + tuple(shape[1:]) if "@" in name and shape else tuple(shape)
 
 
 def plain_json(value: Any, where: str) -> Any:

@@ -47,7 +47,8 @@ class ExperimentSpec:
 
 class Builder:
     def __init__(
-        self, spec: ExperimentSpec, *, mmap: bool = False, verify: bool = False, seed: Any = None, rows: dict | None = None
+        self, spec: ExperimentSpec, *, mmap: bool = False, verify: bool = False, seed: Any = None, rows: dict | None = None,
+        tables: dict | None = None,
     ) -> None:
         self.spec = spec
         self.doc = Doc(None, spec.file)
@@ -55,6 +56,7 @@ class Builder:
         self.mmap = mmap
         self.verify = verify
         self.rows = rows
+        self.tables = tables
         self.state = BuildState(np.random.default_rng(seed))
         self.stores: dict[Any, Store] = {}
         self.opened: list[Any] = []
@@ -69,7 +71,8 @@ class Builder:
         key = datadir.ino
         if key not in self.stores:
             main = self.spec.data is not None and key == self.spec.data.ino
-            self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None)
+            self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None,
+                                     tables=self.tables if main else None)
         return self.stores[key]
 
     def cancel(self) -> None:
@@ -355,8 +358,9 @@ def build_spec(
     strict: bool = False,
     rows: dict | None = None,
     device: Any = None,
+    tables: dict | None = None,
 ) -> Any:
-    builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows)
+    builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows, tables=tables)
     options = LOAD.set({"mmap": mmap, "device": device})
     try:
         tree = builder.doc.copy(spec.tree)

@@ -19,6 +19,8 @@ import numpy as np
 
 from ..errors import DataError, Location, RegistryError, shape_str
 from ..storage.dtypes import dtype_problem, resolve
+from .names import NAME_RE, _shape
+from .tables import SEP, HashTable, new_table
 from .registry import info_for
 
 __all__ = ["INITS", "ParamDecl", "Subcollection", "params", "subcollection_of"]
@@ -28,7 +30,6 @@ PRESET_NAME = "_xser_subcol_name"  # set by the builder before __init__ runs
 PRESET_SOURCE = "_xser_source"  # where a loaded component's arrays come from
 PRESET_WHERE = "_xser_where"  # Location of the component in its spec, for messages
 
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,99}")
 SUBCOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[0-9a-f]{8}")
 
 
@@ -101,18 +102,6 @@ class ParamDecl:
     format: str | None = None  # weight format to store it in (None: npy, or what save() says)
 
 
-def _shape(shape: Any, where: str) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        out = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise RegistryError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
-    if any(s < 0 for s in out) or any(isinstance(s, bool) for s in shape):
-        raise RegistryError(f"{where}: shape must be a tuple of non-negative ints, got {shape!r}")
-    return out
-
-
 class Subcollection:
     """The parameters of one component, under one unique name (``Linear.98dc700f``)."""
 
@@ -125,6 +114,7 @@ class Subcollection:
         self._arrays: dict[str, np.ndarray] = {}
         self._places: dict[str, list[tuple]] = {}  # param -> where the owner keeps its array (see bind)
         self._partial: dict[str, tuple[int, int]] = {}  # param -> rows held, for a model loaded with rows=
+        self._tables: dict[str, HashTable] = {}
 
     def add(
         self,
@@ -171,6 +161,32 @@ class Subcollection:
         self._arrays[name] = arr
         return arr
 
+    def add_table(
+        self, name: str, dim: Any, *, dtype: Any = "float32", slots: Any = (), init: str | Callable = "zeros",
+    ) -> HashTable:
+        """Declare a hash table: rows of shape ``dim`` keyed by int64 ids, with optional ``slots`` (optimizer
+        state) of the same rows. Filled from disk when loading, else empty; ``init`` makes the rows of ids
+        that ``get(..., insert=True)`` or ``set(..., slot=...)`` add."""
+        if isinstance(name, str) and (name in self._decls or name in self._tables):
+            raise RegistryError(f"{self.name}: table {name!r} is declared twice")
+        table = new_table(self.name, name, dim, dtype=dtype, slots=slots, init=init, rng=self._rng, inits=INITS)
+        if self._source is not None:
+            table.load(self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype), None)
+        self._tables[name] = table
+        return table
+
+    @property
+    def tables(self) -> dict[str, HashTable]:
+        return dict(self._tables)
+
+    def table_arrays(self) -> dict[str, tuple[np.ndarray, bool]]:
+        """The tables' parts to save, ``{"emb@id": (ids, False), "emb@embedding": (rows, True), ...}``."""
+        out = {}
+        for name, t in self._tables.items():
+            for part, arr in t.arrays().items():
+                out[f"{name}{SEP}{part}"] = (arr, part == "embedding")
+        return out
+
     def _initial(self, where: str, init: Any, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
         if isinstance(init, str):
             fn = INITS.get(init)
@@ -210,8 +226,21 @@ class Subcollection:
         self._partial.pop(name, None)
         self._places[name] = [p for p in self._places.get(name, []) if _get(self._owner, p) is value]
 
+    def names(self) -> list[str]:
+        """Every name this subcollection saves: parameters, then the parts of its tables (``emb@id``, ...)."""
+        return list(self._decls) + [f"{t}{SEP}{p}" for t, tab in self._tables.items() for p in ("id", "embedding", *tab.slots)]
+
     def fill(self, arrays: dict[str, Any], where: str) -> None:
-        """Copy arrays into the declared ones in place (same shape and dtype): whoever holds them sees the new values."""
+        """Copy arrays into the declared ones in place (same shape and dtype): whoever holds them sees the new values.
+        A table's parts replace its contents together."""
+        parts: dict[str, dict[str, Any]] = {}
+        for name in [n for n in arrays if SEP in n]:
+            table, _, part = name.partition(SEP)
+            parts.setdefault(table, {})[part] = np.asarray(arrays.pop(name))
+        for table, got in parts.items():
+            if table not in self._tables:
+                raise KeyError(f"{self.name} has no table {table!r}")
+            self._tables[table].load(got, Location(where))
         for name, value in arrays.items():
             decl = self._decls.get(name)
             if decl is None:
@@ -305,6 +334,7 @@ class Subcollection:
                     Location(path=self.name),
                 )
             out[name] = (arr, decl.trainable)
+        out.update(self.table_arrays())
         return out
 
     def __repr__(self) -> str:

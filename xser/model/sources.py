@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean, shape_str
+from .tables import select
 from ..storage.opened import OpenedDir, stop
 
 __all__ = ["Store"]
@@ -24,11 +25,12 @@ __all__ = ["Store"]
 class Store:
     """A data directory being read by one build: prefetching, and what was used."""
 
-    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None) -> None:
+    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None, tables: dict | None = None) -> None:
         self.dir = datadir
         self.mmap = mmap
         self.verify = verify
         self.rows = datadir.check_row_keys(rows)
+        self.tables = dict(tables or {})  # "sub/table" -> ids or IdSlice: partial loads of hash tables
         self.futures: dict[tuple[str, str], Any] = {}
         self.used: dict[str, set[str]] = {}
 
@@ -64,6 +66,46 @@ class Store:
             return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
         return fut.result()
 
+    def fetch_table(self, stored: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, where: Location | None) -> dict:
+        """A table's parts (``{"id": ids, "embedding": rows, slot: rows}``), checked against the declaration; only the
+        ids a partial load asks for (``tables={"sub/name": ids or IdSlice}``), read in chunks of rows."""
+        self.claim(stored, where)
+        sub = self.dir.subcollections[stored]
+        here = Location(os.path.join(self.dir.path, stored))
+        entries = {}
+        zero_slots = []
+        for part in parts:
+            e = sub.get(f"{name}@{part}")
+            if e is None and part not in ("id", "embedding") and f"{name}@id" in sub:
+                zero_slots.append(part)  # saved without its slots (xser avg --drop-slots): they start at zero
+                continue
+            if e is None:
+                raise DataError(f"table {name!r}: part {part!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
+            entries[part] = e
+        ids_e = entries["id"]
+        if ids_e.dtype != np.int64 or len(ids_e.shape) != 1:
+            raise DataError(f"table {name!r}: ids are {shape_str(ids_e.shape)} {ids_e.dtype} on disk, expected 1-D int64", here)
+        n = ids_e.shape[0]
+        for part, e in entries.items():
+            if part != "id" and (e.shape != (n,) + dim or e.dtype != dtype):
+                raise DataError(f"table {name!r}: part {part!r} is {shape_str(e.shape)} {e.dtype} on disk, declared rows of "
+                                f"{shape_str(dim)} {dtype} for {n} ids", here)
+        for part in entries:
+            self.used.setdefault(stored, set()).add(f"{name}@{part}")
+        ids = self.dir.read(ids_e, verify=self.verify)
+        which = self.tables.get(f"{stored}/{name}")
+        if which is None:
+            out = {"id": ids} | {p: self.dir.read(e, verify=self.verify) for p, e in entries.items() if p != "id"}
+        else:
+            keep = np.flatnonzero(select(which, ids))
+            out = {"id": ids[keep]}
+            for p, e in entries.items():
+                if p != "id":
+                    out[p] = _rows_of(self.dir, e, keep, self.verify)
+        for p in zero_slots:
+            out[p] = np.zeros((out["id"].size,) + dim, dtype)
+        return out
+
     def cancel(self) -> None:
         """Stop prefetching (a failed load reads nothing more) and wait for reads already running."""
         stop(self.futures.values())
@@ -83,6 +125,23 @@ class Store:
                     f"params on disk are not declared by the component: {', '.join(extra)} (load with strict=False to ignore)",
                     Location(os.path.join(self.dir.path, sub)),
                 )
+
+
+TABLE_CHUNK_ROWS = 1 << 16
+
+
+def _rows_of(d: OpenedDir, e: Any, keep: np.ndarray, verify: bool) -> np.ndarray:
+    """Rows ``keep`` (sorted) of a parameter, read a band of rows at a time (memory: the kept rows plus one band)."""
+    out = np.empty((keep.size,) + e.shape[1:], e.dtype)
+    done = 0
+    for first in range(0, e.shape[0], TABLE_CHUNK_ROWS):
+        stop = min(e.shape[0], first + TABLE_CHUNK_ROWS)
+        lo, hi = np.searchsorted(keep, [first, stop])
+        if hi > lo:
+            band = d.read(e, rows=(first, stop), verify=verify)
+            out[done : done + hi - lo] = band[keep[lo:hi] - first]
+            done += hi - lo
+    return out
 
 
 def _at(where: Location | None) -> str:
@@ -128,6 +187,10 @@ class _Source:
 
     def needed_by(self) -> str:
         return _at(self.where)
+
+    def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype) -> dict:
+        self.claim()
+        return self.origin.store.fetch_table(self.origin.stored_name, name, parts, dim, dtype, self.where)
 
     def rows_of(self, name: str) -> tuple[int, int] | None:
         """The row range this build loads of a parameter (``load(rows=...)``), if any."""

@@ -27,7 +27,9 @@ from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location, did_you_mean, shape_str
 from ..spec.saved import is_saved
 from ..spec import read
+from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
+from .average_tables import MISSING, table_streams, tables_of
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
 from ..storage.manifest import ParamEntry
@@ -158,7 +160,7 @@ def _check_same(ref: OpenedDir, other: OpenedDir, ref_ck: Checkpoint, ck: Checkp
             if x is None or y is None:
                 have, lack = (ref_ck, ck) if y is None else (ck, ref_ck)
                 raise CheckpointError(f"{sub}: param {name!r} is in {have.path} but not in {lack.path}", Location(ck.path))
-            if x.shape != y.shape or x.dtype != y.dtype:
+            if growing(name, x.shape) != growing(name, y.shape) or x.dtype != y.dtype:
                 raise CheckpointError(
                     f"{sub}: param {name!r} is {shape_str(x.shape)} {x.dtype} in {ref_ck.path}, "
                     f"{shape_str(y.shape)} {y.dtype} in {ck.path}",
@@ -289,6 +291,8 @@ def average(
     mode: str = "max",
     weights: Sequence[float] | None = None,
     accumulate: str = "float64",
+    missing: str = "present",
+    drop_slots: bool = False,
     durable: bool = True,
     force: bool = False,
     progress: Callable[[int], Callable[[int], None] | None] | None = None,
@@ -306,6 +310,8 @@ def average(
     where = Location(path)
     if accumulate not in ("float64", "float32"):
         raise CheckpointError(f"accumulate must be 'float64' or 'float32', got {accumulate!r}", where)
+    if missing not in MISSING:
+        raise CheckpointError(f"missing must be {' or '.join(map(repr, MISSING))}, got {missing!r}", where)
     if os.path.realpath(path) == os.path.realpath(out):
         raise CheckpointError("the output is the input model; choose another --out", Location(out))
     if os.path.isfile(path) and not is_saved(read(path)):
@@ -316,13 +322,14 @@ def average(
             chosen = select(s, last=last, indices=checkpoints, best=best, metric=metric, mode=mode)
             by_path = {c.path: d for c, d in s.listed}
             return _average(path, out, chosen, [by_path[c.path] for c in chosen], weights=weights, accumulate=accumulate,
-                            durable=durable, force=force, progress=progress, memory_budget=memory_budget, verify=verify)
+                            durable=durable, force=force, progress=progress, memory_budget=memory_budget, verify=verify,
+                            missing=missing, drop_slots=drop_slots)
 
     return retrying(path, once)
 
 
 def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir], *, weights, accumulate, durable, force,
-             progress, memory_budget, verify) -> AverageReport:
+             progress, memory_budget, verify, missing="present", drop_slots=False) -> AverageReport:
     where = Location(path)
     ws = _weights(weights, len(chosen), where)
     for d, c in zip(dirs[1:], chosen[1:]):
@@ -339,7 +346,16 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     averaged, copied = [], []
     for sub, params in newest.subcollections.items():
         arrays[sub] = {}
+        for table, parts in tables_of(params).items():  # aligned by id, streamed
+            streams = table_streams(dirs, [tables_of(d.subcollections[sub])[table] for d in dirs], ws, accumulate=accumulate,
+                                    missing=missing, drop_slots=drop_slots, verify=verify, where=f"{sub}/{table}")
+            for part, stream in streams.items():
+                arrays[sub][f"{table}@{part}"] = (stream, parts[part].trainable)
+                if part != "id":  # the ids are the union of the checkpoints' ids
+                    (averaged if is_averaged(parts[part].dtype) else copied).append(f"{sub}/{table}@{part}")
         for name, e0 in params.items():
+            if "@" in name:
+                continue
             entries = [d.subcollections[sub][name] for d in dirs]
             if is_averaged(e0.dtype):
                 per_elem = (3 if tag_of(e0.dtype) else 2) * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
@@ -360,6 +376,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
                 {"checkpoint": os.path.basename(c.path), "id": c.id, "step": c.step, "weight": w} for c, w in zip(chosen, ws)
             ],
             "accumulate": accumulate,
+            **({"tables": {"missing": missing, "drop_slots": drop_slots}} if any(tables_of(p) for p in newest.subcollections.values()) else {}),
         },
         "custom": newest.meta.get("custom") or {},
     }

@@ -91,7 +91,12 @@ class TorchSubcollection(Subcollection):
         }
 
     def current(self) -> dict[str, tuple[Any, bool]]:
-        return {n: (host_payload(t, f"{self.name}/{n}"), _trainable(t)) for n, t in self._state().items()}
+        out = {n: (host_payload(t, f"{self.name}/{n}"), _trainable(t)) for n, t in self._state().items()}
+        out.update(self.table_arrays())
+        return out
+
+    def names(self) -> list[str]:
+        return list(self._state()) + super().names()
 
     def bind(self) -> None:
         """Nothing to remember: the module is asked for its state at each save."""
@@ -125,6 +130,9 @@ class TorchSubcollection(Subcollection):
     # -- filling
     def fill(self, arrays: dict[str, Any], where: str, *, mmap: bool = False) -> None:
         """Copy arrays (or tensors) into the module's tensors in place, checking shape and dtype first."""
+        tables = {n: arrays.pop(n) for n in [n for n in arrays if "@" in n]}
+        if tables:
+            super().fill(tables, where)
         state = self._state()
         for name, value in arrays.items():
             t = state.get(name)

@@ -1,0 +1,26 @@
+"""Names and shapes a component may declare (shared by parameters and hash tables)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import RegistryError
+
+__all__ = ["NAME_RE", "_shape"]
+
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,99}")
+
+
+def _shape(shape: Any, where: str) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise RegistryError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
+    if any(s < 0 for s in out) or any(isinstance(s, bool) for s in shape):
+        raise RegistryError(f"{where}: shape must be a tuple of non-negative ints, got {shape!r}")
+    return out

@@ -1,0 +1,135 @@
+"""Averaging hash tables: rows aligned by id over checkpoints that hold different ids, streamed.
+
+Each checkpoint's table is read a band of rows at a time (ids and the part being averaged). A
+k-way merge emits, band by band, every id up to the smallest "last id read" among the
+checkpoints still being read: those ids are complete. The result holds the union of ids; each
+row is the weighted mean over the checkpoints that hold the id (``missing="present"``) or over
+all of them with absent rows counted as zeros (``missing="zero"``). Memory: one band per
+checkpoint plus the merged band, whatever the table's size. Non-floating tables take each row
+from the newest checkpoint that holds its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError, Location, shape_str
+from ..storage.dtypes import is_averaged, round_into
+from ..storage.payloads import Stream
+
+__all__ = ["BAND_ROWS", "MISSING", "table_streams", "tables_of"]
+
+BAND_ROWS = 1 << 15
+MISSING = ("present", "zero")
+
+
+def tables_of(params: dict) -> dict[str, dict[str, Any]]:
+    """``{table: {part: entry}}`` of a subcollection's manifest entries (``emb@id``, ``emb@embedding``, ...)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, e in params.items():
+        table, sep, part = name.partition("@")
+        if sep:
+            out.setdefault(table, {})[part] = e
+    return out
+
+
+def _bands(d: Any, ids_e: Any, part_e: Any | None, band: int, verify: bool) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    n = ids_e.shape[0]
+    for first in range(0, n, band):
+        stop = min(n, first + band)
+        ids = d.read(ids_e, rows=(first, stop), verify=verify)
+        yield ids, (d.read(part_e, rows=(first, stop), verify=verify) if part_e is not None else None)
+
+
+def _merge(dirs: list, tables: list[dict], part: str | None, band: int, verify: bool) -> Iterator[list[tuple]]:
+    """Complete groups: for each step, ``[(ids, rows or None) per checkpoint]`` holding every id <= the bound."""
+    its = [_bands(d, t["id"], t.get(part) if part else None, band, verify) for d, t in zip(dirs, tables)]
+    bufs: list[tuple[np.ndarray, Any] | None] = [next(it, None) for it in its]
+    while True:
+        live = [b for b in bufs if b is not None]
+        if not live:
+            return
+        bound = min(int(b[0][-1]) for b in live)
+        group = []
+        for i, b in enumerate(bufs):
+            if b is None:
+                group.append((np.empty(0, np.int64), None))
+                continue
+            k = int(np.searchsorted(b[0], bound, side="right"))
+            group.append((b[0][:k], None if b[1] is None else b[1][:k]))
+            rest = (b[0][k:], None if b[1] is None else b[1][k:])
+            if rest[0].size == 0:
+                bufs[i] = next(its[i], None)
+            else:
+                bufs[i] = rest
+        yield group
+
+
+def _union(group: list[tuple]) -> np.ndarray:
+    return np.unique(np.concatenate([g[0] for g in group])) if group else np.empty(0, np.int64)
+
+
+def _count(dirs: list, tables: list[dict], band: int, verify: bool) -> int:
+    return sum(_union(g).size for g in _merge(dirs, tables, None, band, verify))
+
+
+def table_streams(dirs: list, tables: list[dict], weights: tuple, *, accumulate: str, missing: str, drop_slots: bool,
+                  verify: bool, where: str, band: int = BAND_ROWS) -> dict[str, Stream]:
+    """``{part: Stream}`` of the averaged table (``id``, ``embedding``, slots unless dropped)."""
+    t0 = tables[0]
+    for t in tables[1:]:
+        if set(t) != set(t0):
+            raise CheckpointError(f"{where}: the table's parts differ between checkpoints: {sorted(t0)} and {sorted(t)}", Location(where))
+        for p, e in t.items():
+            if e.dtype != t0[p].dtype or e.shape[1:] != t0[p].shape[1:]:
+                raise CheckpointError(f"{where}: part {p!r} is rows of {shape_str(e.shape[1:])} {e.dtype} in one checkpoint, "
+                                      f"{shape_str(t0[p].shape[1:])} {t0[p].dtype} in another", Location(where))
+    total = _count(dirs, tables, band, verify)
+    parts = [p for p in t0 if p != "id" and not (drop_slots and p != "embedding")]
+
+    def ids_chunks():
+        for g in _merge(dirs, tables, None, band, verify):
+            yield _union(g).view(np.uint8)
+
+    out = {"id": Stream(np.dtype(np.int64), (total,), False, ids_chunks)}
+    for p in parts:
+        out[p] = Stream(t0[p].dtype, (total,) + t0[p].shape[1:], False, _part_chunks(dirs, tables, p, weights, accumulate, missing, band, verify))
+    return out
+
+
+def _part_chunks(dirs, tables, part, weights, accumulate, missing, band, verify):
+    e0 = tables[0][part]
+    dtype, row = e0.dtype, e0.shape[1:]
+    averaged = is_averaged(dtype)
+    acc_t = np.dtype(accumulate) if dtype.kind != "c" else np.dtype(np.complex128)
+
+    def chunks():
+        for g in _merge(dirs, tables, part, band, verify):
+            union = _union(g)
+            out = np.empty((union.size,) + row, dtype)
+            if averaged:
+                acc = np.zeros((union.size,) + row, acc_t)
+                cnt = np.zeros(union.size, np.float64)
+                for (ids, rows), w in zip(g, weights):
+                    if ids.size:
+                        idx = np.searchsorted(union, ids)
+                        acc[idx] += rows.astype(acc_t) * w
+                        cnt[idx] += w
+                denom = cnt if missing == "present" else np.full(union.size, float(sum(weights)))
+                with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                    acc /= denom.reshape((-1,) + (1,) * len(row)).astype(acc_t)
+                round_into(out, acc)
+            else:  # copied: the newest checkpoint that holds the id
+                filled = np.zeros(union.size, bool)
+                for ids, rows in g:
+                    if ids.size:
+                        idx = np.searchsorted(union, ids)
+                        new = ~filled[idx]
+                        out[idx[new]] = rows[new]
+                        filled[idx] = True
+            yield out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
+
+    return chunks
