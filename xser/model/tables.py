@@ -141,6 +141,20 @@ class HashTable:
             where = self._find(ids)
         self._parts[part][where] = rows
 
+    def remove(self, ids: Any) -> int:
+        """Drop the rows of ``ids`` (absent ids are ignored, as a feature eviction needs); returns how many went."""
+        rows = self._find(_ids(ids, self.where))
+        gone = np.unique(rows[rows >= 0])
+        if gone.size:
+            keep = np.ones(self._n, bool)
+            keep[gone] = False
+            self._ids = self._ids[: self._n][keep]
+            self._parts = {p: a[: self._n][keep] for p, a in self._parts.items()}
+            self._n = int(keep.sum())
+            order = np.argsort(self._ids, kind="stable")
+            self._sorted, self._order = self._ids[order], order.astype(np.int64)
+        return int(gone.size)
+
     def _grow(self, need: int) -> None:
         cap = self._ids.shape[0]
         if need <= cap:
