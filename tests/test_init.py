@@ -10,7 +10,7 @@ def test_public_names():
         "api", "checkpoints", "errors", "interop", "model", "spec", "storage", "tools", "cli", "demo", "torch",
     }
     assert sorted(xser.__all__) == [
-        "Checkpoint", "CheckpointError", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "HashTable",
+        "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "HashTable",
         "IdSlice", "KeepBest",
         "KeepEvery", "KeepLast", "Location", "PartialSaver", "RegistryError", "SaveReport", "SpecError", "Subcollection", "XserError",
         "__version__", "build", "checkpoints", "load", "load_config", "load_into", "load_training_state", "params", "read_params",

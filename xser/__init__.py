@@ -32,6 +32,7 @@ from .errors import XserError as XserError
 from .interop import angel as _angel  # registers !AngelMatrix
 from .interop import dismec as _dismec  # registers !DismecModel
 from .interop import safetensors as _safetensors  # registers !SafetensorsWeights
+from .tools.reader import CheckpointReader as CheckpointReader
 from .model.build import Experiment as Experiment
 from .model.build import ExperimentSpec as ExperimentSpec
 from .model.params import Subcollection as Subcollection
@@ -47,6 +48,7 @@ from .tools.ensemble import Ensemble as Ensemble
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "CheckpointReader",
     "CheckpointSaver",
     "DataError",
     "Ensemble",

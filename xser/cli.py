@@ -33,8 +33,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .tools.inspect import open_model, verify_model
+    from .tools.inspect import open_model, tensor_lines, verify_model
 
+    if os.path.isdir(args.model) or args.model.endswith(".safetensors"):  # not an xser model: its tensors, by name
+        print("\n".join(tensor_lines(args.model)))
+        return 0
     view = open_model(args.model, args.checkpoint)
     try:
         print("\n".join(view.lines()))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from ..api import retrying
 from ..errors import DataError, Location
 from ..spec import Tagged, children, format_path
@@ -135,6 +137,24 @@ class ModelView:
             out.append("")
             out.append(f"warning: named in the spec but missing on disk: {', '.join(missing)}")
         return out
+
+
+def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None) -> list[str]:
+    """Any saved model's tensors through ``CheckpointReader``: name, shape, dtype tag, bytes (metadata only)."""
+    from .reader import CheckpointReader
+
+    with CheckpointReader(path, checkpoint) as r:
+        names = r.tensor_names()
+        width = max((len(n) for n in names), default=0)
+        out = [f"{r.kind} model {os.fspath(path)}: {len(names)} tensors"]
+        total = 0
+        for n in names:
+            shape, tag = r.tensor_shape(n), r.tensor_dtype(n)
+            size = int(np.prod(shape, dtype=np.int64)) * r._meta[n][0].itemsize
+            total += size
+            out.append(f"  {n:<{width}}  {shape!r:<16} {tag:<10} {size:>14,} B")
+        out.append(f"  total {total:,} B")
+    return out
 
 
 def _files(entries: Any) -> dict:

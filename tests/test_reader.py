@@ -1,0 +1,108 @@
+"""xser.CheckpointReader: one lazy reader by exact name for every layout, and `xser inspect` on any of them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+import safetensors.torch
+import torch
+
+import xser
+from components import Linear, Model, Norm
+from strategies import bit_equal
+from test_tables import filled
+
+LAYOUTS = {
+    "npy": {},
+    "blocks": {"blocks": {"*/W": 2}},
+    "text": {"formats": {"*/b": "dense-text"}},
+    "safetensors": {"formats": {"*": "safetensors"}},
+    "packed": {"shards": 2},
+    "packed-blocks": {"shards": 3, "blocks": {"*/W": 1}},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_xser_layout(tmp_path, layout):
+    m = Model(encoder=Linear(5, 3), decoder=Norm(3))
+    path = str(tmp_path / "m.yaml")
+    xser.save(m, path, durable=False, **LAYOUTS[layout])
+    enc, dec = xser.params(m.encoder).name, xser.params(m.decoder).name
+    with xser.CheckpointReader(path) as r:
+        assert r.tensor_names() == sorted([f"{enc}/W", f"{enc}/b", f"{dec}/count", f"{dec}/running_mean"])
+        assert r.tensor_shape(f"{enc}/W") == (3, 5) and r.tensor_dtype(f"{enc}/W") == "float32"
+        assert r.tensor_dtype(f"{dec}/count") == "int64"
+        assert bit_equal(r.read_tensor(f"{enc}/W"), m.encoder.W)
+        assert bit_equal(r.read_tensor(f"{enc}/W", rows=(1, 3)), m.encoder.W[1:3])
+
+
+def test_tables_and_exact_names(tmp_path):
+    """Table parts by name; a prefix of a name is not a name (RecIS's reader matched prefixes)."""
+    m = filled([3, 1, 2])
+    path = str(tmp_path / "m.yaml")
+    xser.save(m, path, durable=False)
+    sub = xser.params(m).name
+    with xser.CheckpointReader(path) as r:
+        assert r.tensor_names() == [f"{sub}/bias", f"{sub}/emb@embedding", f"{sub}/emb@exp_avg", f"{sub}/emb@id"]
+        assert r.read_tensor(f"{sub}/emb@id").tolist() == [1, 2, 3]
+        assert np.array_equal(r.read_tensor(f"{sub}/emb@embedding"), m.emb.get([1, 2, 3]))
+        with pytest.raises(xser.DataError) as info:
+            r.read_tensor(f"{sub}/emb")
+        assert "no tensor" in str(info.value) and "did you mean" in str(info.value)
+
+
+def test_checkpoints_and_lazy(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.yaml")
+    lin = Linear(2, 2)
+    with xser.CheckpointSaver(path, durable=False) as saver:
+        for step in (1, 2):
+            lin.W[...] = step
+            saver.save(lin, step=step)
+    from xser.storage import opened
+
+    reads = []
+    real = opened.OpenedDir.read
+    monkeypatch.setattr(opened.OpenedDir, "read", lambda self, e, **kw: (reads.append(e.name), real(self, e, **kw))[1])
+    sub = xser.params(lin).name
+    with xser.CheckpointReader(path, checkpoint=1) as r:
+        r.tensor_names(), r.tensor_shape(f"{sub}/W")
+        assert reads == []
+        assert r.read_tensor(f"{sub}/W").tolist() == [[1, 1], [1, 1]]
+    assert reads == ["W"]
+
+
+def test_hugging_face_file_and_sharded_directory(tmp_path):
+    tensors = {"a.weight": torch.randn(4, 3), "b": torch.arange(5, dtype=torch.int32), "c": torch.randn(2, 2).to(torch.bfloat16)}
+    safetensors.torch.save_file(tensors, str(tmp_path / "one.safetensors"))
+    with xser.CheckpointReader(tmp_path / "one.safetensors") as r:
+        assert r.kind == "safetensors" and r.tensor_names() == ["a.weight", "b", "c"]
+        assert r.tensor_dtype("c") == "bfloat16" and r.tensor_shape("a.weight") == (4, 3)
+        assert np.array_equal(r.read_tensor("a.weight", rows=(1, 3)), tensors["a.weight"][1:3].numpy())
+        assert r.read_tensor("c").view(np.uint16).tobytes() == tensors["c"].view(torch.int16).numpy().tobytes()
+        assert r.read_tensor("c").dtype == np.dtype(ml_dtypes.bfloat16)
+    d = tmp_path / "hf"
+    d.mkdir()
+    safetensors.numpy.save_file({"x": np.ones(3, np.float32)}, str(d / "model-00001-of-00002.safetensors"))
+    safetensors.numpy.save_file({"y": np.zeros((2, 2), np.float64)}, str(d / "model-00002-of-00002.safetensors"))
+    (d / "model.safetensors.index.json").write_text(
+        '{"metadata": {}, "weight_map": {"x": "model-00001-of-00002.safetensors", "y": "model-00002-of-00002.safetensors"}}')
+    with xser.CheckpointReader(d) as r:
+        assert r.tensor_names() == ["x", "y"] and r.read_tensor("y").tolist() == [[0, 0], [0, 0]]
+    out = subprocess.run([sys.executable, "-m", "xser", "inspect", str(d)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"safetensors model {d}: 2 tensors",
+        "  x  (3,)             float32                12 B",
+        "  y  (2, 2)           float64                32 B",
+        "  total 44 B",
+    ]
+
+
+def test_not_a_model_directory(tmp_path):
+    with pytest.raises(xser.DataError, match="not a model directory"):
+        xser.CheckpointReader(tmp_path)

@@ -1,0 +1,161 @@
+"""One reader for every kind of saved model: ``xser.CheckpointReader``.
+
+xser models (every format and layout: one file per array, blocks, safetensors files, packed
+containers, hash tables), Hugging Face safetensors files and sharded directories. Names are exact
+(RecIS's reader matches prefixes, so ``a`` also got the blocks of ``ab``): ``<subcollection>/<param>``
+for xser parameters, ``<subcollection>/<table>@id``, ``@embedding``, ``@<slot>`` for the parts of
+hash tables, the keys themselves for safetensors. Opening reads only metadata (manifest or
+headers); ``read_tensor`` reads one tensor, or only its ``rows``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError, DataError, Location, did_you_mean
+from ..storage.dtypes import find
+from ..storage.formats.safetensors import parse_header
+from ..storage.listing import open_checkpoint
+from ..storage.opened import CheckpointVanished, check_rows
+
+__all__ = ["CheckpointReader"]
+
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+
+
+def _tag(dtype: np.dtype) -> str:
+    d = find(dtype)
+    return d.tag if d is not None else dtype.str
+
+
+def _is_safetensors(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 40
+
+
+class CheckpointReader:
+    """Tensors of a saved model by exact name, read lazily: ``tensor_names()``, ``tensor_shape(name)``,
+    ``tensor_dtype(name)`` (the dtype tag, ``"float32"``, ``"bfloat16"``...), ``read_tensor(name, rows=None)``.
+
+    ``path`` is an xser model (its spec file; ``checkpoint=k`` picks the k-th newest), a safetensors
+    file, or a Hugging Face directory (``model.safetensors`` or shards with their index). Close it
+    (or use ``with``) to release the checkpoint it holds open.
+    """
+
+    def __init__(self, path: str | os.PathLike, checkpoint: int | None = None) -> None:
+        self.path = os.fspath(path)
+        self._data: Any = None
+        self._files: dict[str, tuple[str, int]] = {}  # safetensors: name -> (file, data start)
+        self._meta: dict[str, tuple[np.dtype, tuple]] = {}
+        if os.path.isdir(self.path) or (os.path.isfile(self.path) and _is_safetensors(self.path)):
+            if checkpoint not in (None, 0):
+                raise CheckpointError("a safetensors file or directory holds one checkpoint", Location(self.path))
+            self._open_safetensors()
+        else:
+            self._data = open_checkpoint(self.path, checkpoint or 0)
+            for sub, params in self._data.subcollections.items():
+                for name, e in params.items():
+                    self._meta[f"{sub}/{name}"] = (e.dtype, tuple(e.shape))
+        self.kind = "xser" if self._data is not None else "safetensors"
+
+    def _open_safetensors(self) -> None:
+        files = [self.path] if os.path.isfile(self.path) else self._hf_files()
+        for file in files:
+            try:
+                with open(file, "rb") as f:
+                    head, start = parse_header(f, file)
+            except FileNotFoundError:
+                raise DataError("a file the index names is missing", Location(file)) from None
+            for key, t in head.items():
+                if key == "__metadata__":
+                    continue
+                if key in self._meta:
+                    raise DataError(f"tensor {key!r} is in two files", Location(file))
+                self._meta[key] = (t[0], tuple(t[1]))
+                self._files[key] = (file, start + t[2])
+
+    def _hf_files(self) -> list[str]:
+        index = os.path.join(self.path, HF_INDEX)
+        if os.path.isfile(index):
+            try:
+                with open(index, "rb") as f:
+                    wm = json.loads(f.read(64 << 20).decode("utf-8"))["weight_map"]
+                names = list(dict.fromkeys(wm.values()))
+                if not all(isinstance(n, str) and os.path.basename(n) == n and n not in (".", "..") for n in names):
+                    raise ValueError("weight_map names files outside the directory")
+            except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+                raise DataError(f"not a safetensors index: {e}", Location(index)) from None
+            return [os.path.join(self.path, n) for n in names]
+        if os.path.isfile(os.path.join(self.path, HF_SINGLE)):
+            return [os.path.join(self.path, HF_SINGLE)]
+        raise DataError(f"not a model directory: neither {HF_INDEX} nor {HF_SINGLE} is in it", Location(self.path))
+
+    # -- the API
+    def tensor_names(self) -> list[str]:
+        return sorted(self._meta)
+
+    def _known(self, name: str) -> tuple[np.dtype, tuple]:
+        got = self._meta.get(name)
+        if got is None:
+            raise DataError(f"no tensor {name!r}{did_you_mean(str(name), self._meta)}", Location(self.path))
+        return got
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self._known(name)[1]
+
+    def tensor_dtype(self, name: str) -> str:
+        return _tag(self._known(name)[0])
+
+    def read_tensor(self, name: str, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """The tensor (a copy in memory), or only rows ``first:stop`` of its first dimension."""
+        dtype, shape = self._known(name)
+        if self._data is not None:
+            sub, _, param = name.partition("/")
+            try:
+                return self._data.read(self._data.subcollections[sub][param], rows=rows)
+            except CheckpointVanished:
+                raise CheckpointError("the checkpoint was removed (pruned) while the reader held it; open a new reader",
+                                      Location(self._data.path)) from None
+        file, offset = self._files[name]
+        if rows is not None:
+            first, stop = check_rows(_Entry(name, shape), rows)
+            row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            offset, shape = offset + first * row, (stop - first,) + shape[1:]
+        out = np.empty(shape, dtype)
+        with open(file, "rb") as f:
+            f.seek(offset)
+            view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
+            if f.readinto(view) != view.size:
+                raise DataError(f"file ended inside tensor {name!r}", Location(file))
+        return out
+
+    def close(self) -> None:
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<CheckpointReader {self.path} ({self.kind}, {len(self._meta)} tensors)>"
+
+
+class _Entry:
+    """What ``check_rows`` needs to know of a tensor."""
+
+    def __init__(self, name: str, shape: tuple) -> None:
+        self.subcol, self.name, self.shape = "", name, shape
+
