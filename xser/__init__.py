@@ -31,6 +31,7 @@ from .errors import SpecError as SpecError
 from .errors import XserError as XserError
 from .interop import angel as _angel  # registers !AngelMatrix
 from .interop import dismec as _dismec  # registers !DismecModel
+from .interop import recis as _recis  # registers !RecisModel
 from .interop import safetensors as _safetensors  # registers !SafetensorsWeights
 from .tools.reader import CheckpointReader as CheckpointReader
 from .model.build import Experiment as Experiment

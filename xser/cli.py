@@ -141,6 +141,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
         name = import_angel(args.source, args.out, force=args.force)
         print(f"imported {args.source} as {args.out} (parameter {name}/values)")
+    elif args.system == "recis":
+        from .interop.recis import import_recis
+
+        name = import_recis(args.source, args.out, force=args.force)
+        print(f"imported {args.source} as {args.out} (subcollection {name})")
     elif args.system == "safetensors":
         from .interop.safetensors import import_safetensors
 
@@ -169,6 +174,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
             sep=args.sep, checkpoint=args.checkpoint,
         )
+    elif args.system == "recis":
+        from .interop.recis import export_recis
+
+        written = export_recis(args.model, args.out, checkpoint=args.checkpoint, shards=args.shards, parallel=args.parallel,
+                               force=args.force)
     elif args.system == "safetensors":
         from .interop.safetensors import export_safetensors
 
@@ -246,6 +256,7 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         ("angel", "Angel matrix directory (the one holding _meta)"),
         ("xnmt", "XNMT saved model file (e.g. tiny.mod)"),
         ("safetensors", "safetensors file, or a Hugging Face directory (model.safetensors or a sharded index)"),
+        ("recis", "RecIS checkpoint directory (index, tensorkey.json, model-*-of-*.safetensors)"),
     ):
         q = systems.add_parser(name, help=f"import a {source.split(' ')[0].rstrip(',')} model", description=f"import a {source}")
         q.add_argument("source", help=source)
@@ -280,6 +291,13 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    q = systems.add_parser("recis", help="the model as a RecIS checkpoint directory (hash tables and dense tensors)")
+    q.add_argument("model", help="saved xser model")
+    q.add_argument("out", help="directory to write (appears whole, by a rename)")
+    q.add_argument("--shards", type=int, default=1, help="RecIS's number of shards (GPUs): ids split by id %% 65536")
+    q.add_argument("--parallel", type=int, default=4, help="writer threads per shard (files per shard, at most)")
+    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
@@ -293,8 +311,8 @@ COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experime
 COMMANDS["avg"] = ("write a model whose parameters are the mean of a model's checkpoints", _avg_args, cmd_avg)
 COMMANDS["convert"] = ("make a checkpoint an independent model with fresh subcollection names", _convert_args, cmd_convert)
 COMMANDS["ensemble"] = ("write one model whose !Ensemble members are the given models", _ensemble_args, cmd_ensemble)
-COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, Angel, XNMT, safetensors)", _import_args, cmd_import)
-COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, Angel, XNMT, safetensors)", _export_args, cmd_export)
+COMMANDS["import"] = ("make an xser model of another system's model files (DiSMEC++, Angel, XNMT, safetensors, RecIS)", _import_args, cmd_import)
+COMMANDS["export"] = ("write a model or a parameter in another system's format (DiSMEC++, Angel, XNMT, safetensors, RecIS)", _export_args, cmd_export)
 COMMANDS["inspect"] = ("show a saved model's components, subcollections and metadata", _inspect_args, cmd_inspect)
 
 

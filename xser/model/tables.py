@@ -197,7 +197,7 @@ class HashTable:
         ids = parts[ID]
         if ids.ndim != 1 or ids.dtype != np.int64:
             raise DataError(f"table {self.name!r}: ids are {shape_str(ids.shape)} {ids.dtype}, expected 1-D int64", where)
-        if ids.size > 1 and not (np.diff(ids) > 0).all():
+        if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
             raise DataError(f"table {self.name!r}: ids are not sorted and unique", where)
         for p in self._parts:
             a = parts[p]

@@ -1,7 +1,8 @@
 """One reader for every kind of saved model: ``xser.CheckpointReader``.
 
 xser models (every format and layout: one file per array, blocks, safetensors files, packed
-containers, hash tables), Hugging Face safetensors files and sharded directories. Names are exact
+containers, hash tables), RecIS checkpoint directories, Hugging Face safetensors files and
+sharded directories. Names are exact
 (RecIS's reader matches prefixes, so ``a`` also got the blocks of ``ab``): ``<subcollection>/<param>``
 for xser parameters, ``<subcollection>/<table>@id``, ``@embedding``, ``@<slot>`` for the parts of
 hash tables, the keys themselves for safetensors. Opening reads only metadata (manifest or
@@ -21,6 +22,7 @@ from ..storage.dtypes import find
 from ..storage.formats.safetensors import parse_header
 from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
+from ..storage.recis_layout import read_block, read_layout
 
 __all__ = ["CheckpointReader"]
 
@@ -56,7 +58,12 @@ class CheckpointReader:
         self._data: Any = None
         self._files: dict[str, tuple[str, int]] = {}  # safetensors: name -> (file, data start)
         self._meta: dict[str, tuple[np.dtype, tuple]] = {}
-        if os.path.isdir(self.path) or (os.path.isfile(self.path) and _is_safetensors(self.path)):
+        self._recis: dict[str, list] = {}
+        if os.path.isdir(self.path) and os.path.isfile(os.path.join(self.path, "index")):
+            if checkpoint not in (None, 0):
+                raise CheckpointError("a RecIS checkpoint directory holds one checkpoint", Location(self.path))
+            self._open_recis()
+        elif os.path.isdir(self.path) or (os.path.isfile(self.path) and _is_safetensors(self.path)):
             if checkpoint not in (None, 0):
                 raise CheckpointError("a safetensors file or directory holds one checkpoint", Location(self.path))
             self._open_safetensors()
@@ -65,7 +72,7 @@ class CheckpointReader:
             for sub, params in self._data.subcollections.items():
                 for name, e in params.items():
                     self._meta[f"{sub}/{name}"] = (e.dtype, tuple(e.shape))
-        self.kind = "xser" if self._data is not None else "safetensors"
+        self.kind = "xser" if self._data is not None else ("recis" if self._recis else "safetensors")
 
     def _open_safetensors(self) -> None:
         files = [self.path] if os.path.isfile(self.path) else self._hf_files()
@@ -82,6 +89,16 @@ class CheckpointReader:
                     raise DataError(f"tensor {key!r} is in two files", Location(file))
                 self._meta[key] = (t[0], tuple(t[1]))
                 self._files[key] = (file, start + t[2])
+
+    def _open_recis(self) -> None:
+        """RecIS's names: ``emb@id``, ``emb@embedding``, ``emb@<slot>`` (slices put together in slice order), dense names."""
+        for b in read_layout(self.path):
+            self._recis.setdefault(b.tensor, []).append(b)
+        for name, bs in self._recis.items():
+            bs.sort(key=lambda b: b.slice or (0, 0, 0))
+            if any(b.dtype != bs[0].dtype or b.shape[1:] != bs[0].shape[1:] for b in bs):
+                raise DataError(f"tensor {name!r}: its slices differ in dtype or row shape", Location(self.path))
+            self._meta[name] = (bs[0].dtype, (sum(b.shape[0] for b in bs),) + tuple(bs[0].shape[1:]) if bs[0].shape else ())
 
     def _hf_files(self) -> list[str]:
         index = os.path.join(self.path, HF_INDEX)
@@ -125,6 +142,12 @@ class CheckpointReader:
             except CheckpointVanished:
                 raise CheckpointError("the checkpoint was removed (pruned) while the reader held it; open a new reader",
                                       Location(self._data.path)) from None
+        if self._recis:
+            whole = np.concatenate([read_block(b) for b in self._recis[name]]) if shape else read_block(self._recis[name][0])
+            if rows is None:
+                return whole
+            first, stop = check_rows(_Entry(name, shape), rows)
+            return whole[first:stop].copy()
         file, offset = self._files[name]
         if rows is not None:
             first, stop = check_rows(_Entry(name, shape), rows)

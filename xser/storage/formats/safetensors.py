@@ -59,7 +59,7 @@ def render_header(tensors: Mapping[str, tuple[np.dtype, tuple]], metadata: Mappi
     return len(text).to_bytes(8, "little") + text, order
 
 
-def parse_header(f: BinaryIO, where: str, size: int | None = None) -> tuple[dict, int]:
+def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict | None = None) -> tuple[dict, int]:
     """``({name: (dtype, shape, begin, end)}, data start)`` of an open file, every field checked; metadata under
     ``"__metadata__"`` as a dict of strings."""
     size = os.fstat(f.fileno()).st_size if size is None else size
@@ -86,7 +86,7 @@ def parse_header(f: BinaryIO, where: str, size: int | None = None) -> tuple[dict
             out[name] = t
             continue
         try:
-            d = from_safetensors(t["dtype"])
+            d = from_safetensors((aliases or {}).get(t["dtype"], t["dtype"]))
             shape = tuple(t["shape"])
             begin, end = t["data_offsets"]
             if d is None:

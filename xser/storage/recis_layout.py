@@ -1,0 +1,138 @@
+"""RecIS checkpoint directories (v2), both ways, without RecIS: the layout only (``shared/research/formats.md`` §3).
+
+A directory holds ``model-%06d-of-%06d.safetensors`` files (numbered ``shard * parallel + writer``
+of ``shards * parallel``, with gaps where a writer had no block), ``index`` (compact JSON, sorted
+keys: ``{"block_index": {block: file idx}, "file_index": {file: idx}}``), ``tensorkey.json``
+(indent 4: on-disk sparse block name -> internal name ``<t>@<part>^<begin>@<end>@<size>``) and
+``torch_rank_weights_embs_table_multi_shard.json`` (indent 4, one entry per block). Hash-table
+blocks are ``<t>.<part>/part_<shard>_<shards>`` (an id block, then ``embedding`` and the slots,
+rows in id order); dense blocks are ``<name>^ ``. RecIS writes bool as ``"bool"``, which its own
+reader cannot read back; xser writes ``BOOL`` and reads both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..errors import DataError, Location
+from .dtypes import DTYPES, find
+from .formats.safetensors import parse_header
+
+__all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_layout", "slice_string"]
+
+INDEX = "index"
+TENSORKEY = "tensorkey.json"
+RANK_JSON = "torch_rank_weights_embs_table_multi_shard.json"
+SLICE_SIZE = 65536
+_INTERNAL = re.compile(r"(.+)@([^@^]+)\^([0-9]+)@([0-9]+)@([0-9]+)")
+
+
+def gen_slice(shard: int, shards: int, size: int = SLICE_SIZE) -> tuple[int, int, int]:
+    """RecIS's ``gen_slice``: ``size`` split into ``shards`` runs, the first ``size % shards`` one longer."""
+    base, extra = divmod(size, shards)
+    begin = shard * base + min(shard, extra)
+    return begin, begin + base + (1 if shard < extra else 0), size
+
+
+def slice_string(begin: int, end: int, size: int) -> str:
+    """``00000@32768@65536``: begin and end zero-padded to the width of size."""
+    w = len(str(size))
+    return f"{begin:0{w}d}@{end:0{w}d}@{size}"
+
+
+@attrs.frozen
+class RecisBlock:
+    key: str  # the block's name in its safetensors file and in the index
+    file: str  # path of the file
+    dtype: np.dtype
+    shape: tuple
+    offset: int  # absolute, in the file
+    tensor: str  # RecIS's internal tensor name: "emb@id", "emb@embedding", or a dense name
+    slice: tuple | None  # (begin, end, size) of a hash-table block, None for dense
+
+
+def _json(path: str, what: str) -> Any:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(256 << 20)
+    except FileNotFoundError:
+        raise DataError(f"{what} is missing: not a RecIS checkpoint directory", Location(path)) from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        if what == "index" and raw and all(line.strip() for line in raw.decode("utf-8", "replace").splitlines()):
+            raise DataError("a RecIS v1 checkpoint (its index lists files, one per line): convert it with RecIS's "
+                            "tools/convert_v1_to_v2.py first", Location(path)) from None
+        raise DataError(f"{what} is not JSON: {e}", Location(path)) from None
+
+
+def read_layout(directory: str) -> list[RecisBlock]:
+    """Every block of a RecIS v2 checkpoint directory, checked (files inside the directory, headers, names)."""
+    index = _json(os.path.join(directory, INDEX), "index")
+    if not isinstance(index, dict) or not isinstance(index.get("block_index"), dict) or not isinstance(index.get("file_index"), dict):
+        raise DataError('index must be {"block_index": {...}, "file_index": {...}}', Location(os.path.join(directory, INDEX)))
+    names = _json(os.path.join(directory, TENSORKEY), "tensorkey.json")
+    if not isinstance(names, dict):
+        raise DataError("tensorkey.json must map block names to tensor names", Location(os.path.join(directory, TENSORKEY)))
+    files: dict[int, str] = {}
+    for name, idx in index["file_index"].items():
+        if not isinstance(name, str) or os.path.basename(name) != name or name in (".", "..") or type(idx) is not int:
+            raise DataError(f"index names file {name!r} (index {idx!r}) outside the directory", Location(os.path.join(directory, INDEX)))
+        files[idx] = os.path.join(directory, name)
+    headers: dict[str, tuple[dict, int]] = {}
+    out = []
+    for key, idx in index["block_index"].items():
+        file = files.get(idx) if type(idx) is int else None
+        if file is None:
+            raise DataError(f"block {key!r} names file index {idx!r}, which the index does not list", Location(os.path.join(directory, INDEX)))
+        if file not in headers:
+            try:
+                with open(file, "rb") as f:
+                    headers[file] = parse_header(f, file, aliases={"bool": "BOOL"})
+            except FileNotFoundError:
+                raise DataError("a file the index names is missing", Location(file)) from None
+        head, start = headers[file]
+        t = head.get(key)
+        if t is None or key == "__metadata__":
+            raise DataError(f"block {key!r} is not in its file", Location(file))
+        if key.endswith("^ "):
+            tensor, sl = key[:-2], None
+        else:
+            m = _INTERNAL.fullmatch(str(names.get(key, "")))
+            if m is None:
+                raise DataError(f"block {key!r} has no internal name in tensorkey.json (got {names.get(key)!r})",
+                                Location(os.path.join(directory, TENSORKEY)))
+            tensor, sl = f"{m.group(1)}@{m.group(2)}", (int(m.group(3)), int(m.group(4)), int(m.group(5)))
+        out.append(RecisBlock(key, file, t[0], tuple(t[1]), start + t[2], tensor, sl))
+    return out
+
+
+def read_block(b: RecisBlock, rows: tuple[int, int] | None = None) -> np.ndarray:
+    shape, offset = b.shape, b.offset
+    if rows is not None:
+        row = math.prod(shape[1:]) * b.dtype.itemsize
+        offset, shape = offset + rows[0] * row, (rows[1] - rows[0],) + tuple(shape[1:])
+    out = np.empty(shape, b.dtype)
+    view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
+    with open(b.file, "rb") as f:
+        f.seek(offset)
+        if f.readinto(view) != view.size:
+            raise DataError(f"file ended inside block {b.key!r}", Location(b.file))
+    return out
+
+
+def tag_for(dtype: np.dtype) -> str:
+    d = find(dtype)
+    if d is None or d.safetensors is None:
+        raise DataError(f"RecIS (safetensors) has no dtype for {dtype}")
+    return d.safetensors
+
+
+TORCH_NAMES = {d.safetensors: d.torch for d in DTYPES.values() if d.safetensors}
