@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xser
+from test_recis import write_worked_example
 from components import Linear, Model, Norm
 from xser.interop.angel import export_angel, read_angel
 from xser.interop.dismec import import_dismec
@@ -217,6 +218,27 @@ class TestImporters:
         raw = src.read_bytes()
         src.write_bytes(data.draw(mutated(raw[:200])) + raw[200:])
         within_the_rules(lambda: import_safetensors(src, root / "out.yaml", durable=False), root)
+
+    @FUZZ
+    @given(data=st.data())
+    def test_recis(self, tmp_path_factory, data):
+        """A RecIS directory (formats.md section 3.4's), one of its files mutated, imported and read."""
+        from xser.interop.recis import import_recis
+
+        root = tmp_path_factory.mktemp("f")
+        src = root / "ck"
+        write_worked_example(src)
+        victim = data.draw(st.sampled_from(sorted(p.name for p in src.iterdir())))
+        raw = (src / victim).read_bytes()
+        (src / victim).write_bytes(data.draw(mutated(raw)))
+        within_the_rules(lambda: import_recis(src, root / "out.yaml", durable=False), root)
+
+        def read_all():
+            with xser.CheckpointReader(src) as r:
+                for n in r.tensor_names():
+                    r.read_tensor(n)
+
+        within_the_rules(read_all, root)
 
     @FUZZ
     @given(data=st.data(), fmt=st.sampled_from(["colid-value-text", "value-binary", "rowid-colid-value-binary", "binary-column", "text-column"]))

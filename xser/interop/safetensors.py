@@ -29,6 +29,7 @@ from ..model.serialize import flat_keys
 from ..storage.dtypes import find, resolve
 from ..storage.formats.safetensors import SAFETENSORS, parse_header
 from ..storage.payloads import Lazy, Stream
+from ..storage.recis_layout import read_capped
 
 __all__ = ["SafetensorsWeights", "export_safetensors", "import_safetensors", "parse_size"]
 
@@ -172,8 +173,7 @@ def _sources(path: str) -> list[str]:
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
         try:
-            with open(index, "rb") as f:
-                wm = json.loads(f.read(64 << 20).decode("utf-8"))["weight_map"]
+            wm = json.loads(read_capped(index).decode("utf-8"))["weight_map"]
             if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
                 raise ValueError("weight_map must map keys to file names")
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:

@@ -25,7 +25,7 @@ from ..errors import DataError, Location
 from .dtypes import DTYPES, find
 from .formats.safetensors import parse_header
 
-__all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_layout", "slice_string"]
+__all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_capped", "read_layout", "slice_string"]
 
 INDEX = "index"
 TENSORKEY = "tensorkey.json"
@@ -58,10 +58,18 @@ class RecisBlock:
     slice: tuple | None  # (begin, end, size) of a hash-table block, None for dense
 
 
+def read_capped(path: str, cap: int = 64 << 20) -> bytes:
+    """A small metadata file, whole; one larger than ``cap`` is refused before anything is allocated."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > cap:
+            raise DataError(f"file of {size} bytes: larger than {cap} bytes, the limit for this metadata", Location(path))
+        return f.read(size)
+
+
 def _json(path: str, what: str) -> Any:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(256 << 20)
+        raw = read_capped(path)
     except FileNotFoundError:
         raise DataError(f"{what} is missing: not a RecIS checkpoint directory", Location(path)) from None
     try:

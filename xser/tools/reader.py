@@ -22,7 +22,7 @@ from ..storage.dtypes import find
 from ..storage.formats.safetensors import parse_header
 from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
-from ..storage.recis_layout import read_block, read_layout
+from ..storage.recis_layout import read_block, read_capped, read_layout
 
 __all__ = ["CheckpointReader"]
 
@@ -104,8 +104,7 @@ class CheckpointReader:
         index = os.path.join(self.path, HF_INDEX)
         if os.path.isfile(index):
             try:
-                with open(index, "rb") as f:
-                    wm = json.loads(f.read(64 << 20).decode("utf-8"))["weight_map"]
+                wm = json.loads(read_capped(index).decode("utf-8"))["weight_map"]
                 names = list(dict.fromkeys(wm.values()))
                 if not all(isinstance(n, str) and os.path.basename(n) == n and n not in (".", "..") for n in names):
                     raise ValueError("weight_map names files outside the directory")
