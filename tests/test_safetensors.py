@@ -331,7 +331,7 @@ class TestImport:
         (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "../x.safetensors"}}'),
          "index names '../x.safetensors', which is not a file of this directory"),
         (lambda d: (d / "model.safetensors.index.json").write_text('{"weights": {}}'), "not a safetensors index: 'weight_map'"),
-        (lambda d: None, "neither model.safetensors.index.json nor model.safetensors is in this directory"),
+        (lambda d: None, "not a model directory: neither model.safetensors.index.json nor model.safetensors is in it"),
         (lambda d: safetensors.numpy.save_file({"1bad": np.zeros(1, np.float32)}, str(d / "model.safetensors")),
          "tensor name '1bad' cannot be an xser parameter name"),
     ])

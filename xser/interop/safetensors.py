@@ -27,9 +27,9 @@ from ..model.params import NAME_RE, fresh_name, params
 from ..model.registry import serializable
 from ..model.serialize import flat_keys
 from ..storage.dtypes import find, resolve
-from ..storage.formats.safetensors import SAFETENSORS, parse_header
+from ..storage.formats.safetensors import SAFETENSORS
 from ..storage.payloads import Lazy, Stream
-from ..storage.recis_layout import read_capped
+from ..storage.hf_layout import hf_files, hf_tensors
 
 __all__ = ["SafetensorsWeights", "export_safetensors", "import_safetensors", "parse_size"]
 
@@ -164,31 +164,6 @@ def _put_in_place(staging: str, out: str) -> None:
 # ---------------------------------------------------------------- import
 
 
-def _sources(path: str) -> list[str]:
-    """The files of a single safetensors file, a directory holding one, or an HF sharded directory (its index)."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise DataError("no such file or directory", Location(path))
-    index = os.path.join(path, INDEX)
-    if os.path.isfile(index):
-        try:
-            wm = json.loads(read_capped(index).decode("utf-8"))["weight_map"]
-            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-                raise ValueError("weight_map must map keys to file names")
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
-            raise DataError(f"not a safetensors index: {e}", Location(index)) from None
-        files = list(dict.fromkeys(wm.values()))
-        for name in files:
-            if os.path.basename(name) != name or name in (".", ".."):
-                raise DataError(f"index names {name!r}, which is not a file of this directory", Location(index))
-        return [os.path.join(path, n) for n in files]
-    single = os.path.join(path, SINGLE)
-    if os.path.isfile(single):
-        return [single]
-    raise DataError(f"neither {INDEX} nor {SINGLE} is in this directory", Location(path))
-
-
 def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                        format: str = "npy") -> str:
     """Make an xser model of a safetensors file or HF directory; returns its subcollection name.
@@ -202,22 +177,11 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     source, out = os.fspath(source), os.fspath(out)
-    files = _sources(source)
-    found: dict[str, tuple[str, Any]] = {}
-    for path in files:
-        try:
-            with open(path, "rb") as f:
-                head, _ = parse_header(f, path)
-        except FileNotFoundError:
-            raise DataError("a file the index names is missing", Location(path)) from None
-        for key, t in head.items():
-            if key == "__metadata__":
-                continue
-            if key in found:
-                raise DataError(f"tensor {key!r} is in two files: {found[key][0]} and this one", Location(path))
-            if not NAME_RE.fullmatch(key):
-                raise DataError(f"tensor name {key!r} cannot be an xser parameter name (it must match {NAME_RE.pattern})", Location(path))
-            found[key] = (path, t)
+    files = hf_files(source)
+    found = {k: (v[0], v[4]) for k, v in hf_tensors(files).items()}
+    for key, (path, _) in found.items():
+        if not NAME_RE.fullmatch(key):
+            raise DataError(f"tensor name {key!r} cannot be an xser parameter name (it must match {NAME_RE.pattern})", Location(path))
     name = fresh_name(SafetensorsWeights)
     tensors = {k: [find(t[0]).tag, list(t[1])] for k, (_, t) in found.items()}
     tree = Tagged("!SafetensorsWeights", {"tensors": tensors, "xser_subcol_name": name})

@@ -11,7 +11,6 @@ headers); ``read_tensor`` reads one tensor, or only its ``rows``.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -19,15 +18,13 @@ import numpy as np
 
 from ..errors import CheckpointError, DataError, Location, did_you_mean
 from ..storage.dtypes import find
-from ..storage.formats.safetensors import parse_header
+from ..storage.hf_layout import hf_files, hf_tensors
 from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
-from ..storage.recis_layout import read_block, read_capped, read_layout
+from ..storage.recis_layout import read_block, read_layout
 
 __all__ = ["CheckpointReader"]
 
-HF_INDEX = "model.safetensors.index.json"
-HF_SINGLE = "model.safetensors"
 
 
 def _tag(dtype: np.dtype) -> str:
@@ -75,20 +72,9 @@ class CheckpointReader:
         self.kind = "xser" if self._data is not None else ("recis" if self._recis else "safetensors")
 
     def _open_safetensors(self) -> None:
-        files = [self.path] if os.path.isfile(self.path) else self._hf_files()
-        for file in files:
-            try:
-                with open(file, "rb") as f:
-                    head, start = parse_header(f, file)
-            except FileNotFoundError:
-                raise DataError("a file the index names is missing", Location(file)) from None
-            for key, t in head.items():
-                if key == "__metadata__":
-                    continue
-                if key in self._meta:
-                    raise DataError(f"tensor {key!r} is in two files", Location(file))
-                self._meta[key] = (t[0], tuple(t[1]))
-                self._files[key] = (file, start + t[2])
+        for key, (file, dtype, shape, offset, _) in hf_tensors(hf_files(self.path)).items():
+            self._meta[key] = (dtype, shape)
+            self._files[key] = (file, offset)
 
     def _open_recis(self) -> None:
         """RecIS's names: ``emb@id``, ``emb@embedding``, ``emb@<slot>`` (slices put together in slice order), dense names."""
@@ -99,21 +85,6 @@ class CheckpointReader:
             if any(b.dtype != bs[0].dtype or b.shape[1:] != bs[0].shape[1:] for b in bs):
                 raise DataError(f"tensor {name!r}: its slices differ in dtype or row shape", Location(self.path))
             self._meta[name] = (bs[0].dtype, (sum(b.shape[0] for b in bs),) + tuple(bs[0].shape[1:]) if bs[0].shape else ())
-
-    def _hf_files(self) -> list[str]:
-        index = os.path.join(self.path, HF_INDEX)
-        if os.path.isfile(index):
-            try:
-                wm = json.loads(read_capped(index).decode("utf-8"))["weight_map"]
-                names = list(dict.fromkeys(wm.values()))
-                if not all(isinstance(n, str) and os.path.basename(n) == n and n not in (".", "..") for n in names):
-                    raise ValueError("weight_map names files outside the directory")
-            except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
-                raise DataError(f"not a safetensors index: {e}", Location(index)) from None
-            return [os.path.join(self.path, n) for n in names]
-        if os.path.isfile(os.path.join(self.path, HF_SINGLE)):
-            return [os.path.join(self.path, HF_SINGLE)]
-        raise DataError(f"not a model directory: neither {HF_INDEX} nor {HF_SINGLE} is in it", Location(self.path))
 
     # -- the API
     def tensor_names(self) -> list[str]:
