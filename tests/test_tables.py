@@ -301,3 +301,32 @@ class TestTools:
         xser.load_into(m, path)
         assert m.emb is table
         same_table(saved.emb, m.emb)
+
+
+def test_table_average_memory_is_bounded_by_bands(tmp_path, monkeypatch):
+    """Averaging two 200,000-row tables (49 MiB each) with 4,096-row bands allocates a fraction of one table: bands,
+    the merged band and the checksum's read buffer, whatever the table's size."""
+    import tracemalloc
+
+    import xser.tools.average_tables as at
+
+    monkeypatch.setattr(at, "BAND_ROWS", 4096)
+    path = str(tmp_path / "m.yaml")
+    m = TableModel(dim=64, slots=[])
+    rng = np.random.default_rng(5)
+    with xser.CheckpointSaver(path, keep=3, durable=False) as saver:
+        for step in range(2):
+            ids = rng.choice(np.arange(10**7), 200_000, replace=False)
+            m.emb.remove(m.emb.ids)
+            m.emb.set(ids, np.ones((ids.size, 64), np.float32))
+            saver.save(m, step=step)
+    del m
+    table_bytes = 200_000 * 64 * 4
+    tracemalloc.start()
+    try:
+        average(path, tmp_path / "avg.yaml", durable=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < table_bytes / 3, peak
+    assert len(xser.load(tmp_path / "avg.yaml").emb) > 200_000

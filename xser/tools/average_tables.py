@@ -77,8 +77,10 @@ def _count(dirs: list, tables: list[dict], band: int, verify: bool) -> int:
 
 
 def table_streams(dirs: list, tables: list[dict], weights: tuple, *, accumulate: str, missing: str, drop_slots: bool,
-                  verify: bool, where: str, band: int = BAND_ROWS) -> dict[str, Stream]:
-    """``{part: Stream}`` of the averaged table (``id``, ``embedding``, slots unless dropped)."""
+                  verify: bool, where: str, band: int | None = None) -> dict[str, Stream]:
+    """``{part: Stream}`` of the averaged table (``id``, ``embedding``, slots unless dropped); ``band`` rows are read
+    from each checkpoint at a time (default ``BAND_ROWS``)."""
+    band = band or BAND_ROWS
     t0 = tables[0]
     for t in tables[1:]:
         if set(t) != set(t0):
@@ -87,6 +89,12 @@ def table_streams(dirs: list, tables: list[dict], weights: tuple, *, accumulate:
             if e.dtype != t0[p].dtype or e.shape[1:] != t0[p].shape[1:]:
                 raise CheckpointError(f"{where}: part {p!r} is rows of {shape_str(e.shape[1:])} {e.dtype} in one checkpoint, "
                                       f"{shape_str(t0[p].shape[1:])} {t0[p].dtype} in another", Location(where))
+    if verify:  # each file checked once, streamed (a band read with verify would read its whole file each time)
+        for d, t in zip(dirs, tables):
+            for e in t.values():
+                for b in e.blocks:
+                    d.verify_once(b)
+        verify = False
     total = _count(dirs, tables, band, verify)
     parts = [p for p in t0 if p != "id" and not (drop_slots and p != "embedding")]
 
