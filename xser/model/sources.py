@@ -101,7 +101,10 @@ class Store:
             out = {"id": ids[keep]}
             for p, e in entries.items():
                 if p != "id":
-                    out[p] = _rows_of(self.dir, e, keep, self.verify)
+                    if self.verify:  # once, streamed: a band read with verify would read the whole file each time
+                        for b in e.blocks:
+                            self.dir.verify_once(b)
+                    out[p] = _rows_of(self.dir, e, keep, False)
         for p in zero_slots:
             out[p] = np.zeros((out["id"].size,) + dim, dtype)
         return out
