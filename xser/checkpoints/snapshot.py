@@ -35,7 +35,7 @@ class Snapshot:
 
     @property
     def structure(self) -> dict:
-        return {s: {n: (np.dtype(a.dtype), growing(n, tuple(a.shape))) for n, (a, _) in ps.items()} for s, ps in self.arrays.items()}
+        return {s: {n: (np.dtype(spec[0].dtype), growing(n, tuple(spec[0].shape))) for n, spec in ps.items()} for s, ps in self.arrays.items()}
 
 
 def growing(name: str, shape: tuple) -> tuple:

@@ -105,7 +105,7 @@ def finish(
             r = results[index]
             span = r.spans.get(key) if r.spans is not None else None
             blocks.append(block_json(r.rel, plan.pieces[index].format, r.bytes, r.checksum, start, shape, key, span))
-        return param_json(p.dtype, p.shape, p.trainable, blocks)
+        return param_json(p.dtype, p.shape, p.trainable, blocks, p.attrs)
 
     if plan.state is not None:
         manifest["training_state"] = {"tree": plan.state_tree, "arrays": {p.name: entry(p) for p in plan.state}}

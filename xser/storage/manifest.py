@@ -83,6 +83,7 @@ class ParamEntry:
     shape: tuple[int, ...]
     trainable: bool
     blocks: tuple[Block, ...]
+    attrs: dict = attrs.field(factory=dict, eq=False)  # what a foreign format needs of this array (DyNet's lookup flag, ...)
 
     @property
     def nbytes(self) -> int:
@@ -131,8 +132,11 @@ def block_json(
     return b
 
 
-def param_json(dtype: np.dtype, shape: tuple, trainable: bool, blocks: list[dict]) -> dict:
-    return {"dtype": describe_dtype(dtype), "shape": [int(s) for s in shape], "trainable": bool(trainable), "blocks": blocks}
+def param_json(dtype: np.dtype, shape: tuple, trainable: bool, blocks: list[dict], attrs: dict | None = None) -> dict:
+    out = {"dtype": describe_dtype(dtype), "shape": [int(s) for s in shape], "trainable": bool(trainable), "blocks": blocks}
+    if attrs:
+        out["attrs"] = attrs
+    return out
 
 
 def new_manifest(meta: Mapping[str, Any], *, id: str, model: str, created: str) -> dict:
@@ -265,6 +269,9 @@ def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
         trainable = e.get("trainable", True)
         if not isinstance(trainable, bool):
             raise ValueError(f"trainable must be true or false, got {trainable!r}")
+        extra = e.get("attrs", {})
+        if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in extra.items()):
+            raise ValueError("attrs must map a system's name to a mapping")
     except DataError:
         raise
     except KeyError as err:
@@ -273,7 +280,7 @@ def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
         raise DataError(f"{where}: {err}", Location(mpath)) from None
     except (TypeError, ValueError, OverflowError) as err:
         raise _bad(f"{where}: {err}", mpath) from None
-    return ParamEntry(sub, pname, dtype, shape, trainable, parsed)
+    return ParamEntry(sub, pname, dtype, shape, trainable, parsed, extra)
 
 
 def _check_name(rel: Any, mpath: str) -> str:

@@ -46,6 +46,7 @@ class PlannedParam:
     shape: tuple
     trainable: bool
     pieces: tuple  # ((piece index, start or None, block shape or None, key in the file or None), ...)
+    attrs: dict = attrs.field(factory=dict, eq=False)  # carried into the manifest entry as it is
 
 
 @attrs.frozen
@@ -196,7 +197,7 @@ def plan_save(
     previous: Any = None,
     shards: int | None = None,
 ) -> Plan:
-    """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable)}}``).
+    """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable[, attrs])}}``).
 
     ``shards=N`` packs every array stored as npy (the default format) into at most N safetensors
     containers, ``model-%06d-of-%06d.safetensors``, balanced by bytes; each is one piece (one writer).
@@ -244,7 +245,8 @@ def plan_save(
     stored: dict[Any, PlannedParam] = {}  # memory already planned (tied weights) -> its plan
     for sub, items in arrays.items():
         dirs.append(sub)
-        for name, (item, trainable) in items.items():
+        for name, spec in items.items():
+            item, trainable, extra = spec if len(spec) == 3 else (*spec, None)
             key = f"{sub}/{name}"
             fmt, options = format_for(formats, key)
             if not isinstance(item, (np.ndarray, Lazy)):
@@ -253,9 +255,11 @@ def plan_save(
             same = identity(item)
             first = stored.get((same, fmt, repr(options), block)) if same is not None else None
             if first is not None:  # one tensor under two names: stored once, both entries name its files
-                params.append(attrs.evolve(first, sub=sub, name=name, trainable=bool(trainable)))
+                params.append(attrs.evolve(first, sub=sub, name=name, trainable=bool(trainable), attrs=dict(extra or {})))
                 continue
             params.append(add(sub, name, item, trainable, fmt, options, block, previous))
+            if extra:
+                params[-1] = attrs.evolve(params[-1], attrs=dict(extra))
             if same is not None:
                 stored[(same, fmt, repr(options), block)] = params[-1]
     if packed:

@@ -350,7 +350,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
             streams = table_streams(dirs, [tables_of(d.subcollections[sub])[table] for d in dirs], ws, accumulate=accumulate,
                                     missing=missing, drop_slots=drop_slots, verify=verify, where=f"{sub}/{table}")
             for part, stream in streams.items():
-                arrays[sub][f"{table}@{part}"] = (stream, parts[part].trainable)
+                arrays[sub][f"{table}@{part}"] = (stream, parts[part].trainable, parts[part].attrs)
                 if part != "id":  # the ids are the union of the checkpoints' ids
                     (averaged if is_averaged(parts[part].dtype) else copied).append(f"{sub}/{table}@{part}")
         for name, e0 in params.items():
@@ -360,10 +360,10 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
             if is_averaged(e0.dtype):
                 per_elem = (3 if tag_of(e0.dtype) else 2) * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
                 chunk = max(1, min(CHUNK_ELEMENTS, memory_budget // workers // per_elem))
-                arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable)
+                arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable, e0.attrs)
                 averaged.append(f"{sub}/{name}")
             else:
-                arrays[sub][name] = (from_entry(newest, e0, verify=verify), e0.trainable)
+                arrays[sub][name] = (from_entry(newest, e0, verify=verify), e0.trainable, e0.attrs)
                 copied.append(f"{sub}/{name}")
     notes = []
     if len(chosen) == 1:

@@ -82,7 +82,7 @@ def linked_arrays(data: OpenedDir, mapping: dict[str, str], *, verify: bool = Tr
     out: dict[str, dict[str, tuple[Any, bool]]] = {}
     for sub, params in data.subcollections.items():
         new = mapping.get(sub, sub)
-        out[new] = {name: (from_entry(data, e, verify=verify), e.trainable) for name, e in params.items()}
+        out[new] = {name: (from_entry(data, e, verify=verify), e.trainable, e.attrs) for name, e in params.items()}
     return out
 
 
