@@ -35,6 +35,7 @@ def read_dynet_text(path: str) -> list[dict]:
 
 __all__ = ["export_xnmt", "import_xnmt", "read_dynet_text", "write_dynet_text"]
 
+GRAD = ".grad"  # the gradient values of a FULL_GRAD record, stored beside the array (name + ".grad")
 _SENTINEL = 1928437192847  # XNMT's "no default" marker, written into every saved !Ref
 
 
@@ -56,6 +57,28 @@ def _to_xser(tree: Any) -> None:
                 del node.args["name"]
         elif "xnmt_subcol_name" in node.args:
             node.args = {("xser_subcol_name" if k == "xnmt_subcol_name" else k): v for k, v in node.args.items()}
+
+
+def _records(sub: str, params: dict, arrays: dict, layout: list | None) -> list[dict]:
+    """DyNet records of a subcollection: from each array's ``attrs["dynet"]`` (kind, grad mode, position, key with
+    the subcollection renamed), else from an imported checkpoint's layout, else plain parameters in declaration order."""
+    if params and all("dynet" in e.attrs for e in params.values()):
+        out = []
+        for n, e in params.items():
+            dy = e.attrs["dynet"]
+            if "grad_of" in dy:
+                continue
+            key = dy.get("key") or f"/{sub}/{n}"
+            if dy.get("sub") != sub:  # renamed by a tool (convert, ensemble --rename): the key follows the new name
+                key = "/" + sub + "/" + key.split("/", 2)[-1] if key.count("/") >= 2 else f"/{sub}/{n}"
+            grads = arrays.get(n + GRAD)
+            out.append({"kind": dy.get("kind", "Parameter"), "key": key, "name": n, "dims": list(arrays[n].shape),
+                        "grad": dy.get("grad", "ZERO_GRAD"), "array": arrays[n], "grad_array": grads, "index": dy.get("index", 0)})
+        out.sort(key=lambda r: (r["kind"] != "Parameter", r["index"]))  # DyNet writes parameters, then lookup parameters
+        return out
+    if layout is not None and {r["name"] for r in layout} == set(arrays):
+        return [{**r, "grad": "ZERO_GRAD", "array": arrays[r["name"]]} for r in layout]
+    return [{"kind": "Parameter", "key": f"/{sub}/{n}", "name": n, "dims": list(a.shape), "array": a} for n, a in arrays.items()]
 
 
 def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> list[str]:
@@ -82,18 +105,29 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     exp_name = tree.args.get("name") if isinstance(tree.args.get("name"), str) else os.path.basename(mod)
     spec_text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": exp_name, "experiment": tree})
     snaps = []
+    per_dir = []
     for d in dirs:
-        arrays: dict[str, dict[str, tuple[np.ndarray, bool]]] = {}
-        layout: dict[str, list[dict]] = {}
         on_disk = sorted(os.listdir(d))
         missing = [n for n in names if n not in on_disk]
         if missing:
             raise DataError(f"subcollections named in the spec have no file: {', '.join(missing)}", Location(d))
-        for sub in on_disk:
-            records = read_dynet_text(os.path.join(d, sub))
-            arrays[sub] = {r["name"]: (r["array"], True) for r in records}
-            if len(arrays[sub]) != len(records):
-                raise DataError("two records with the same name", Location(os.path.join(d, sub)))
+        per_dir.append((d, {sub: read_dynet_text(os.path.join(d, sub)) for sub in on_disk}))
+    with_records = {sub for _, subs in per_dir for sub, records in subs.items() if records}
+    for d, subs in per_dir:
+        arrays: dict[str, dict[str, tuple]] = {}
+        layout: dict[str, list[dict]] = {}
+        for sub, records in subs.items():
+            if not records and sub in with_records:
+                raise DataError("empty file, but other checkpoints hold this component's parameters: DyNet's populate "
+                                "(and so XNMT) cannot load it", Location(os.path.join(d, sub)))
+            arrays[sub] = {}
+            for i, r in enumerate(records):
+                if r["name"] in arrays[sub]:
+                    raise DataError("two records with the same name", Location(os.path.join(d, sub)))
+                dynet = {"kind": r["kind"], "key": r["key"], "grad": r["grad"], "index": i, "sub": sub}
+                arrays[sub][r["name"]] = (r["array"], True, {"dynet": dynet})
+                if r["grad_array"] is not None:  # FULL_GRAD (or an old file): DyNet wrote the gradient too
+                    arrays[sub][r["name"] + GRAD] = (r["grad_array"], False, {"dynet": {"grad_of": r["name"]}})
             layout[sub] = [{k2: r[k2] for k2 in ("kind", "key", "name", "dims", "grad")} for r in records]
         meta = {"training": {"xnmt": {"imported_from": os.path.abspath(d), "mod_text": text, "records": layout}}}
         snaps.append(Snapshot(spec_text, arrays, meta))
@@ -136,11 +170,8 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
                             "one dimension, so it cannot be exported without changing it",
                             Location(data.path),
                         )
-                records = layout.get(sub)
-                if records is None or {r["name"] for r in records} != set(arrays):
-                    # not imported from XNMT (or changed since): plain parameters, in declaration order
-                    records = [{"kind": "Parameter", "key": f"/{sub}/{n}", "name": n, "dims": list(a.shape)} for n, a in arrays.items()]
-                body = write_dynet_text([{**r, "array": arrays[r["name"]]} for r in records])
+                records = _records(sub, params, arrays, layout.get(sub))
+                body = write_dynet_text(records)
                 path = os.path.join(target, sub)
                 with open(path, "wb") as f:
                     f.write(body)

@@ -44,33 +44,47 @@ def parse_dynet_text(data: bytes, path: str) -> list[dict]:
         body = data[end + 1 : end + 1 + nbytes]
         if len(body) != nbytes:
             raise DataError(f"file ends inside the values of {key}", Location(path, line_no + 1))
-        values_line = body[: 16 * n + 1]
-        tokens = values_line.split()
-        if len(tokens) != n or not values_line.endswith(b"\n"):
-            raise DataError(f"{key}: {len(tokens)} values on the line, the header says {n}", Location(path, line_no + 1))
-        try:
-            with np.errstate(over="ignore"):  # beyond float32: inf, refused just below
-                values = np.array([float(t) for t in tokens], np.float32)
-        except ValueError:
-            raise DataError(f"{key}: a value is not a number", Location(path, line_no + 1)) from None
-        if not np.all(np.isfinite(values)):
-            raise DataError(f"{key}: non-finite value", Location(path, line_no + 1))
+        values = _values(body[: 16 * n + 1], n, key, path, line_no + 1)
+        grads = _values(body[16 * n + 1 :], n, key, path, line_no + 2) if full else None
         name = key.rsplit("/", 1)[-1]
         records.append({"kind": kind, "key": key, "name": name, "dims": list(shape), "grad": grad,
-                        "array": values.reshape(shape, order="F")})
+                        "array": values.reshape(shape, order="F"),
+                        "grad_array": None if grads is None else grads.reshape(shape, order="F")})
         pos = end + 1 + nbytes
         line_no += 2 + (1 if full else 0)
     return records
 
 
+def _values(line: bytes, n: int, key: str, path: str, line_no: int) -> np.ndarray:
+    tokens = line.split()
+    if len(tokens) != n or not line.endswith(b"\n"):
+        raise DataError(f"{key}: {len(tokens)} values on the line, the header says {n}", Location(path, line_no))
+    try:
+        with np.errstate(over="ignore"):  # beyond float32: inf, refused just below
+            values = np.array([float(t) for t in tokens], np.float32)
+    except ValueError:
+        raise DataError(f"{key}: a value is not a number", Location(path, line_no)) from None
+    if not np.all(np.isfinite(values)):
+        raise DataError(f"{key}: non-finite value", Location(path, line_no))
+    return values
+
+
 def write_dynet_text(records: list[dict]) -> bytes:
-    """DyNet's TextFileSaver output for these records (values as ``%+.8e``, zero gradients)."""
+    """DyNet's TextFileSaver output for these records (values as ``%+.8e``). ``grad`` is the record's flag:
+    ``ZERO_GRAD`` (the default), ``FULL_GRAD`` or None (old files: no flag) with ``grad_array`` as the gradient line."""
     out = []
     for r in records:
         a = np.asarray(r["array"], np.float32)
         n = a.size
         dims = ",".join(str(d) for d in r["dims"])
-        out.append(f"#{r['kind']}# {r['key']} {{{dims}}} {16 * n + 1} ZERO_GRAD\n")
-        flat = a.reshape(-1, order="F").tolist()
-        out.append("".join(f"{v:+.8e} " for v in flat) + "\n")
+        flag = r.get("grad", "ZERO_GRAD")
+        full = flag in (None, "FULL_GRAD")
+        g = r.get("grad_array")
+        if full and (g is None or np.shape(g) != a.shape):
+            raise DataError(f"{r['key']}: {flag or 'an old-style'} record needs its gradient values")
+        size = (16 * n + 1) * (2 if full else 1)
+        out.append(f"#{r['kind']}# {r['key']} {{{dims}}} {size}" + (f" {flag}" if flag else "") + "\n")
+        out.append("".join(f"{v:+.8e} " for v in a.reshape(-1, order="F").tolist()) + "\n")
+        if full:
+            out.append("".join(f"{v:+.8e} " for v in np.asarray(g, np.float32).reshape(-1, order="F").tolist()) + "\n")
     return "".join(out).encode("ascii")
