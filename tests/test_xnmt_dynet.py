@@ -1,10 +1,17 @@
 """XNMT exports loaded by DyNet itself (`dynet38`), the way XNMT loads them: a ParameterCollection with the
-component's parameters and lookup parameters, then `populate(file)`. Skipped where DyNet is not installed."""
+component's parameters and lookup parameters, then `populate(file)`. Skipped where DyNet is not installed.
+
+DyNet runs in a child process: importing it turns on floating-point traps in the process (numpy's overflow
+warnings become SIGFPE-style errors), which would change every later test."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,24 +23,54 @@ from xser.tools.average import average
 from xser.tools.convert import convert
 from xser.tools.ensemble import ensemble
 
-dy = pytest.importorskip("dynet")
+if importlib.util.find_spec("dynet") is None:
+    pytest.skip("DyNet (dynet38) is not installed", allow_module_level=True)
+
+CHILD = r"""
+import json, sys
+import numpy as np
+import dynet as dy
+jobs = json.loads(sys.argv[1])
+out = {}
+for k, (path, records) in enumerate(jobs):
+    pc = dy.ParameterCollection()
+    made = []
+    for r in records:  # the file's order is DyNet's: parameters first, then lookup parameters
+        dims = tuple(r["dims"])
+        made.append(pc.add_lookup_parameters((dims[-1],) + dims[:-1]) if r["kind"] == "LookupParameter" else pc.add_parameters(dims))
+    pc.populate(path)
+    for i, p in enumerate(made):
+        out[f"{k}_{i}"] = p.as_array()
+np.savez(sys.argv[2], **out)
+"""
+
+SAVE_CHILD = r"""
+import sys
+import dynet as dy
+pc = dy.ParameterCollection()
+p = pc.add_parameters((2, 3))
+lk = pc.add_lookup_parameters((4, 2))
+dy.renew_cg()
+loss = dy.sum_elems(p * dy.inputVector([1, 2, 3])) + dy.sum_elems(lk[1])
+loss.backward()
+pc.save(sys.argv[1])
+"""
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "data", "xnmt", "trained")
 
 
 def populate(path: str, records: list[dict]) -> dict:
-    """A ParameterCollection built as XNMT's components build theirs (parameters in order, lookups after), populated."""
-    pc = dy.ParameterCollection()
-    made = {}
-    for r in records:  # the file's order is DyNet's: parameters first, then lookup parameters
-        dims = tuple(r["dims"])
-        if r["kind"] == "LookupParameter":
-            made[r["name"]] = pc.add_lookup_parameters((dims[-1],) + dims[:-1])
-        else:
-            made[r["name"]] = pc.add_parameters(dims)
-    pc.populate(path)
-    return {n: p.as_array() for n, p in made.items()}
+    """A ParameterCollection built as XNMT's components build theirs (parameters in order, lookups after), populated
+    by DyNet in a child process; ``{name: array}``. DyNet's refusal is a failed child, with its message."""
+    jobs = [(path, [{"kind": r["kind"], "dims": r["dims"]} for r in records])]
+    out = os.path.join(os.path.dirname(path), f".populated-{os.path.basename(path)}.npz")
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(jobs), out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with np.load(out) as z:
+        got = {rec["name"]: z[f"0_{i}"] for i, rec in enumerate(records)}
+    os.unlink(out)
+    return got
 
 
 def expected_records(fixture_dir: str) -> dict[str, list[dict]]:
@@ -100,13 +137,7 @@ class TestDynetLoads:
         """DyNet writes FULL_GRAD (values and gradients) after a backward pass: imported and exported byte for byte."""
         d = tmp_path / "in"
         (d / "m.mod.data").mkdir(parents=True)
-        pc = dy.ParameterCollection()
-        p = pc.add_parameters((2, 3))
-        lk = pc.add_lookup_parameters((4, 2))
-        dy.renew_cg()
-        loss = dy.sum_elems(p * dy.inputVector([1, 2, 3])) + dy.sum_elems(lk[1])
-        loss.backward()
-        pc.save(str(d / "m.mod.data" / "Comp-0000abcd"))
+        subprocess.run([sys.executable, "-c", SAVE_CHILD, str(d / "m.mod.data" / "Comp-0000abcd")], check=True)
         raw = (d / "m.mod.data" / "Comp-0000abcd").read_bytes()
         assert b"FULL_GRAD" in raw
         (d / "m.mod").write_text("!Experiment\n  model: !Comp {xnmt_subcol_name: Comp-0000abcd}\n")
