@@ -133,3 +133,29 @@ class TestBadDynet:
         (tmp_path / "x.mod").write_text("!Experiment {name: x}\n")
         with pytest.raises(xser.DataError, match="no .data directory beside the model"):
             import_xnmt(tmp_path / "x.mod", tmp_path / "m.yaml")
+
+
+def test_yaml_11_meaning_is_kept(tmp_path):
+    """When the original .mod text cannot be reused, the YAML means the same to PyYAML (YAML 1.1) as to xser:
+    'no' stays a word, 1e-08 stays a float (PyYAML reads '1e-08' as a string)."""
+    import yaml
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from xser.spec import dump, parse
+
+    words = ["no", "No", "yes", "Y", "n", "on", "OFF", "~", "null", "1_000", "012", "0x1F", "12:30", "1.5", ".inf", "2024-01-02",
+             "<<", "=", "plain", "0b101", "+1", "-.5", "1e5"]
+    floats = [1e-08, 1e20, 0.1, -2.5, 3.0, 1e300, 5e-324, float("inf"), float("-inf"), 123456789.0]
+    tree = {"vocab": words, "floats": floats, "eps": 1e-08}
+    text = dump(tree, yaml11=True)
+    back = yaml.safe_load(text)
+    assert back["vocab"] == words and back["floats"] == floats and back["eps"] == 1e-08
+    assert parse(text, "<t>").tree == tree  # and xser itself reads the same
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.one_of(st.text(max_size=6), st.floats(allow_nan=False), st.integers(-10**6, 10**6), st.booleans(), st.none()), max_size=6))
+    def agree(values):
+        assert yaml.safe_load(dump({"v": values}, yaml11=True))["v"] == values
+
+    agree()

@@ -157,3 +157,4 @@ def test_empty_file_where_other_checkpoints_have_parameters(tmp_path):
         f"{tmp_path}/in/tiny-train.mod.data.1/{sub}: empty file, but other checkpoints hold this component's parameters: "
         "DyNet's populate (and so XNMT) cannot load it"
     )
+

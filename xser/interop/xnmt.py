@@ -184,7 +184,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
         for node in iter_tagged(tree):
             if "xser_subcol_name" in node.args:
                 node.args = {("xnmt_subcol_name" if k == "xser_subcol_name" else k): v for k, v in node.args.items()}
-        text = dump(tree)
+        text = dump(tree, yaml11=True)  # XNMT reads it with PyYAML (YAML 1.1)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
     written.append(out)

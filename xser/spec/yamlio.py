@@ -374,6 +374,39 @@ def _represent_str(representer: Any, data: str) -> Any:
     return representer.represent_scalar(_STD + "str", data, style='"')
 
 
+#: Plain scalars YAML 1.1 (PyYAML, XNMT's loader) reads as something other than a string: booleans (y/n too),
+#: nulls, ints (underscores, octal, binary, sexagesimal), floats, timestamps, merge and value keys.
+_YAML11_IMPLICIT = re.compile(
+    r"y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
+    r"|~|null|Null|NULL|<<|="
+    r"|[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"
+    r"|[-+]?(?:[0-9][0-9_]*)?\.[0-9.]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+    r"|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:(?:[Tt]|[ \t]+).*)?"
+)
+
+
+def _represent_str_yaml11(representer: Any, data: str) -> Any:
+    if _YAML11_IMPLICIT.fullmatch(data):
+        return representer.represent_scalar(_STD + "str", data, style='"')
+    return _represent_str(representer, data)
+
+
+def _represent_float_yaml11(representer: Any, data: float) -> Any:
+    """A float PyYAML reads back as that float: a '.' in the mantissa, a signed exponent, .inf and .nan."""
+    if data != data:
+        text = ".nan"
+    elif data in (float("inf"), float("-inf")):
+        text = ".inf" if data > 0 else "-.inf"
+    else:
+        text = repr(float(data))
+        mantissa, e, exp = text.partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        text = mantissa + (e + (exp if exp[:1] in "+-" else "+" + exp) if e else "")
+    return representer.represent_scalar(_STD + "float", text)
+
+
 def _represent_dict(representer: Any, data: dict) -> Any:
     return representer.represent_mapping(_STD + "map", data, flow_style=bool(data) and _short(data.items()))
 
@@ -382,7 +415,7 @@ def _represent_list(representer: Any, data: list) -> Any:
     return representer.represent_sequence(_STD + "seq", data, flow_style=_short(enumerate(data)))
 
 
-def _dumper() -> YAML:
+def _dumper(yaml11: bool = False) -> YAML:
     y = YAML(typ="safe", pure=True)
     y.width = 1 << 16  # never fold long lines
 
@@ -391,11 +424,17 @@ def _dumper() -> YAML:
     y.representer.add_representer(dict, _represent_dict)
     y.representer.add_representer(str, _represent_str)
     y.representer.add_representer(list, _represent_list)
+    if yaml11:
+        y.representer.add_representer(str, _represent_str_yaml11)
+        y.representer.add_representer(float, _represent_float_yaml11)
     return y
 
 
-def dump(tree: Any) -> str:
-    """Render a plain tree (with ``Tagged`` nodes) as YAML text, keys in insertion order."""
+def dump(tree: Any, *, yaml11: bool = False) -> str:
+    """Render a plain tree (with ``Tagged`` nodes) as YAML text, keys in insertion order.
+
+    ``yaml11=True`` writes what a YAML 1.1 loader (PyYAML: XNMT) reads back the same: strings it would take for
+    booleans, nulls or numbers are quoted, and floats always have a '.' and a signed exponent."""
     out = io.StringIO()
-    _dumper().dump(tree, out)
+    _dumper(yaml11).dump(tree, out)
     return out.getvalue()
