@@ -295,6 +295,13 @@ class TestLoadSerialized:
         assert exp["model"].decoder is exp["model"].encoder
         assert np.array_equal(exp["other"].W, old["other"].W)
 
+    def test_overwrite_through_a_wrong_key_suggests(self, tmp_path):
+        """A misspelt intermediate key of an overwrite path is named, with the key it probably meant."""
+        _, path = self.saved(tmp_path)
+        with pytest.raises(xser.SpecError) as info:
+            build_text(tmp_path, f"e: !LoadSerialized\n  filename: {path}\n  overwrite:\n  - {{path: modle.dropout, val: 0.5}}\n")
+        assert str(info.value).endswith("overwrite path 'modle.dropout': root has no key 'modle'; did you mean 'model'?")
+
     def test_refs_inside_are_rerooted(self, tmp_path):
         """Refs inside the loaded subtree point to the new place; sharing is preserved."""
         _, path = self.saved(tmp_path)

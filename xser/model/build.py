@@ -157,7 +157,8 @@ class Builder:
                 if last:
                     container[key] = val
                 elif key not in container:
-                    raise SpecError(f"overwrite path {format_path(path)!r}: {format_path(path[:i]) or 'root'} has no key {seg!r}", loc)
+                    near = did_you_mean(str(seg), [str(k) for k in container if k not in ("xser_subcol_name", "xser_id", "xser_version")])
+                    raise SpecError(f"overwrite path {format_path(path)!r}: {format_path(path[:i]) or 'root'} has no key {seg!r}{near}", loc)
                 else:
                     node = container[key]
             elif isinstance(container, list):
