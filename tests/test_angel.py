@@ -61,6 +61,15 @@ class TestFormats:
         raw = (tmp_path / "out" / "w" / "_meta").read_bytes()
         assert raw == struct.pack(">i", len(META)) + META and raw[:4] == bytes.fromhex("0000021a")
 
+    @pytest.mark.parametrize("fmt", sorted(FORMATS))
+    def test_save_row_num(self, tmp_path, model, fmt):
+        """Angel's ColumnFormat never sets saveRowNum: column formats say 0; row formats the partition's rows."""
+        path, param = model
+        export_angel(path, param, tmp_path / "out", format=fmt, matrix_name="w")
+        meta = json.loads((tmp_path / "out" / "w" / "_meta").read_bytes()[4:])
+        assert meta["partMetas"]["0"]["saveRowNum"] == (0 if fmt.endswith("column") else W.shape[0])
+        assert np.array_equal(read_angel(tmp_path / "out" / "w")[1], W)
+
     def test_partitions_and_files(self, tmp_path):
         """Partitions of --block-rows rows; at most 5 per file, files named by their first partition."""
         big = np.arange(24, dtype=np.float32).reshape(12, 2)

@@ -91,7 +91,7 @@ def export_angel(
                 fh.write(data)
                 metas[str(pid)] = {
                     "partId": pid, "startRow": r0, "endRow": r1, "startCol": 0, "endCol": cols, "nnz": (r1 - r0) * cols,
-                    "saveRowNum": r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
+                    "saveRowNum": 0 if column else r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
                     "fileName": fname, "offset": offset, "length": len(data),
                     "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0} for r in range(r0, r1)},
                 }
