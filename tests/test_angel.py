@@ -152,7 +152,7 @@ class TestBadInput:
         meta["partMetas"]["0"]["length"] = len((d2 / "0").read_bytes())
         body = json.dumps(meta).encode()
         (d2 / "_meta").write_bytes(struct.pack(">i", len(body)) + body)
-        with pytest.raises(xser.DataError, match=r"0:2: 3 fields, 2 expected"):
+        with pytest.raises(xser.DataError, match=r"0:2: 3 fields separated by ',', 2 expected"):
             read_angel(d)
 
     FORGED = [
@@ -182,3 +182,46 @@ class TestBadInput:
         path, param = model
         with pytest.raises(xser.DataError, match="did you mean 'colid-value-text'"):
             export_angel(path, param, tmp_path / "o", format="colid-value-txt")
+
+
+TEXT_FORMATS = ["value-text", "colid-value-text", "rowid-colid-value-text", "text-column"]
+
+
+@pytest.mark.parametrize("sep", [",", " ", "\t", ";", "|", ":"])
+@pytest.mark.parametrize("fmt", TEXT_FORMATS)
+def test_any_separator_round_trips(tmp_path, sep, fmt):
+    """Every separator Angel users pick reads back (it was ',' ' ' or tab only: ';' gave an all-zero matrix); as an
+    xser weight format too, with no option needed on load."""
+    w = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5) * 1.5
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / "m.yaml", durable=False)
+    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w", sep=sep, block_rows=2)
+    assert np.array_equal(read_angel(tmp_path / "o" / "w")[1], w)
+    leaf2 = leaf_of({"w": w})
+    xser.save(leaf2, tmp_path / "f.yaml", formats={"*": (fmt, {"sep": sep})}, durable=False)
+    assert np.array_equal(xser.params(xser.load(tmp_path / "f.yaml"))["w"], w)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("0,1.0", "2 fields separated by ',', a column id and 2 values expected"),
+    ("0,1.0,2.0,3.0", "4 fields separated by ',', a column id and 2 values expected"),
+    ("x,1.0,2.0", "not an integer id: 'x'"),
+])
+def test_text_column_field_counts_are_checked(tmp_path, line, message):
+    """A text-column line with missing or extra fields is refused, with its line (it was read as zeros)."""
+    w = np.ones((2, 3), np.float32)
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / "m.yaml", durable=False)
+    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format="text-column", matrix_name="w")
+    part = tmp_path / "o" / "w" / "0"
+    lines = part.read_text().splitlines()
+    lines[1] = line
+    part.write_text("\n".join(lines) + "\n")
+    meta_path = tmp_path / "o" / "w" / "_meta"
+    meta = json.loads(meta_path.read_bytes()[4:])
+    meta["partMetas"]["0"]["length"] = part.stat().st_size
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    meta_path.write_bytes(struct.pack(">i", len(raw)) + raw)
+    with pytest.raises(xser.DataError) as info:
+        read_angel(tmp_path / "o" / "w")
+    assert str(info.value).endswith(f"0:2: {message}")

@@ -125,7 +125,16 @@ def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str
     return ("\n".join(lines) + "\n").encode("latin-1") if lines else b""
 
 
-def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str) -> None:
+_NUMBER_CHARS = frozenset("0123456789+-.eEInfityNa")
+
+
+def detect_sep(line: str) -> str:
+    """The separator of an Angel text line: its first character that cannot be part of a number (',' if none)."""
+    return next((ch for ch in line if ch not in _NUMBER_CHARS), ",")
+
+
+def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str,
+                     sep: str | None = None) -> None:
     r0, c0 = int(pm["startRow"]), int(pm["startCol"])
     rows_meta = sorted(pm.get("rowMetas", {}).values(), key=lambda m: int(m["rowId"]))
     idt = ">i8" if long_ids else ">i4"
@@ -160,22 +169,33 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    sep = "," if not lines or "," in lines[0] or fmt == "value-text" else (" " if " " in lines[0] else "\t")
+    if sep is None:
+        sep = detect_sep(lines[0]) if lines else ","
     if fmt == "text-column":
-        row_ids = [int(m["rowId"]) for m in rows_meta]
+        row_ids = [int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0))))
         for k, line in enumerate(lines):
             f = line.split(sep)
+            if len(f) != 1 + len(row_ids):
+                raise DataError(f"{len(f)} fields separated by {sep!r}, a column id and {len(row_ids)} values expected",
+                                Location(path, k + 1))
             for r, v in zip(row_ids, f[1:]):
-                put(r, int(f[0]), _parse_value(v, path, k + 1))
+                put(r, _parse_int(f[0], path, k + 1), _parse_value(v, path, k + 1))
         return
     fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
     recs = []
     for k, line in enumerate(lines):
         f = line.split(sep)
         if len(f) != fields:
-            raise DataError(f"{len(f)} fields, {fields} expected", Location(path, k + 1))
+            raise DataError(f"{len(f)} fields separated by {sep!r}, {fields} expected", Location(path, k + 1))
         recs.append(tuple(f))
     _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path)
+
+
+def _parse_int(text: str, path: str, line: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise DataError(f"not an integer id: {text!r}", Location(path, line)) from None
 
 
 def _parse_value(text: str, path: str, line: int) -> float:
