@@ -225,3 +225,40 @@ def test_text_column_field_counts_are_checked(tmp_path, line, message):
     with pytest.raises(xser.DataError) as info:
         read_angel(tmp_path / "o" / "w")
     assert str(info.value).endswith(f"0:2: {message}")
+
+
+def write_meta(d, meta: dict) -> None:
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    (d / "_meta").write_bytes(struct.pack(">i", len(raw)) + raw)
+
+
+def angel_dir(tmp_path, fmt="colid-value-text"):
+    w = np.array([[0, 1.5, 0], [2.0, 0, 0]], np.float32)
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / "m.yaml", durable=False)
+    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w")
+    d = tmp_path / "o" / "w"
+    return d, json.loads((d / "_meta").read_bytes()[4:])
+
+
+def test_long_key_sparse_matrix_is_refused_before_allocating(tmp_path):
+    """An LR-style matrix (1 row, 10^12 long-key columns, few non-zeros) is refused with a message, never a
+    7 TiB allocation."""
+    d, meta = angel_dir(tmp_path)
+    meta.update(row=1, col=10**12, rowType=6)  # sparse, long keys
+    meta["partMetas"]["0"].update(endRow=1, endCol=10**12)
+    write_meta(d, meta)
+    with pytest.raises(xser.DataError) as info:
+        read_angel(d)
+    assert "this 1x1000000000000 matrix is stored in" in str(info.value)
+    assert "(a sparse long-key row type: an LR/FM-style model); refused before allocating" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["value-binary", "value-text"])
+def test_value_formats_on_sparse_row_types_are_refused(tmp_path, fmt):
+    """value-* formats keep no column ids: on a sparse row type the values would land in the wrong columns."""
+    d, meta = angel_dir(tmp_path, fmt)
+    meta["rowType"] = 1 + 3  # a sparse float row type
+    write_meta(d, meta)
+    with pytest.raises(xser.DataError, match=f"{fmt} stores values without column ids, and rowType 4 is sparse"):
+        read_angel(d)

@@ -113,6 +113,10 @@ def export_angel(
 
 
 MAX_META = 64 << 20
+#: a dense import may take at most this many bytes per byte on disk (or MAX_DENSE_FLOOR): beyond that the
+#: matrix is sparse and a dense array of it would be a memory bomb
+DENSE_PER_STORED_BYTE = 64
+MAX_DENSE_FLOOR = 256 << 20
 #: the fewest bytes one value takes in each layout (a text value is at least a digit and a separator)
 _MIN_BYTES = {"value-binary": 4, "colid-value-binary": 8, "rowid-colid-value-binary": 12, "binary-column": 4,
               "value-text": 2, "colid-value-text": 4, "rowid-colid-value-text": 6, "text-column": 2}
@@ -172,9 +176,14 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         known = sorted(BY_CLASS)
         raise DataError(f"unknown formatClassName {cls!r} (xser reads the 8 built-in formats){did_you_mean(str(cls), known)}", mwhere)
     try:
-        vdtype, long_ids, _ = row_type(_int(meta.get("rowType"), "rowType", mwhere))
+        rt = _int(meta.get("rowType"), "rowType", mwhere)
+        vdtype, long_ids, dense = row_type(rt)
     except ValueError as e:
         raise DataError(f"_meta: {e}", mwhere) from None
+    if not dense and fmt.startswith("value"):
+        raise DataError(f"{fmt} stores values without column ids, and rowType {rt} is sparse: Angel wrote only the "
+                        "non-zero values, so their columns are lost; save the matrix from Angel in a colid-value or "
+                        "rowid-colid-value format", mwhere)
     rows, cols = _int(meta.get("row"), "row", mwhere), _int(meta.get("col"), "col", mwhere)
     parts = meta.get("partMetas", {})
     if not isinstance(parts, dict):
@@ -188,13 +197,24 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
             raise DataError(f"partition {pid}: file name {fname!r} must stay inside the matrix directory", mwhere)
         offset = _int(pm.get("offset"), f"partition {pid}: offset", mwhere)
         length = _int(pm.get("length"), f"partition {pid}: length", mwhere)
+        reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, os.path.join(d, fname), offset, length))
+    _check_cover(boxes, rows, cols, mwhere)
+    on_disk = sum(r[5] for r in reads)
+    full = rows * cols * vdtype.itemsize
+    if full > max(MAX_DENSE_FLOOR, DENSE_PER_STORED_BYTE * on_disk):
+        raise DataError(
+            f"this {rows}x{cols} matrix is stored in {on_disk} bytes but would take {full} bytes as the dense array xser "
+            f"imports it as{' (a sparse long-key row type: an LR/FM-style model)' if not dense else ''}; refused before "
+            "allocating. Save it from Angel with fewer columns, or export its non-zeros (colid-value-text) and load them "
+            "as a hash table",
+            mwhere,
+        )
+    for (_, size), (_, pid, _, _, _, length) in zip(boxes, reads):
         need = size[0] * size[1] * _MIN_BYTES[fmt]
         if length < need:
             raise DataError(
                 f"partition {pid}: {length} bytes cannot hold its {size[0]}x{size[1]} values ({fmt} needs at least {need})", mwhere
             )
-        reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, os.path.join(d, fname), offset, length))
-    _check_cover(boxes, rows, cols, mwhere)
     out = np.zeros((rows, cols), vdtype.newbyteorder("="))
     for _, pid, pm, path, offset, length in sorted(reads):
         try:
