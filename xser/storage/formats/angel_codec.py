@@ -92,26 +92,23 @@ def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str
     part = w[r0:r1, c0:c1]
     rows, cols = part.shape
     if fmt.endswith("column"):
-        if fmt == "binary-column":
-            out = bytearray()
-            for j in range(cols):
-                out += struct.pack(">i", c0 + j) + struct.pack(f">{rows}{vfmt[1]}", *part[:, j].tolist())
-            return bytes(out)
+        if fmt == "binary-column":  # per column: its id (int32) then its values, big-endian; vectorised
+            rec = np.empty(cols, np.dtype([("c", ">i4"), ("v", vfmt, (rows,))]))
+            rec["c"] = np.arange(c0, c0 + cols)
+            rec["v"] = part.T
+            return rec.tobytes()
         return "".join(
             sep.join([str(c0 + j)] + [java_string(v, is_float) for v in part[:, j].tolist()]) + "\n" for j in range(cols)
         ).encode("latin-1")
-    if fmt.endswith("binary"):
-        recs = []
-        for i in range(rows):
-            for j in range(cols):
-                v = struct.pack(vfmt, part[i, j])
-                if fmt == "value-binary":
-                    recs.append(v)
-                elif fmt == "colid-value-binary":
-                    recs.append(struct.pack(">i", c0 + j) + v)
-                else:
-                    recs.append(struct.pack(">ii", r0 + i, c0 + j) + v)
-        return b"".join(recs)
+    if fmt.endswith("binary"):  # one record per value, row by row; vectorised as a structured array
+        fields = {"value-binary": [], "colid-value-binary": [("c", ">i4")], "rowid-colid-value-binary": [("r", ">i4"), ("c", ">i4")]}[fmt]
+        rec = np.empty((rows, cols), np.dtype(fields + [("v", vfmt)]))
+        if fmt != "value-binary":
+            rec["c"] = np.arange(c0, c0 + cols)[None, :]
+        if fmt == "rowid-colid-value-binary":
+            rec["r"] = np.arange(r0, r0 + rows)[:, None]
+        rec["v"] = part
+        return rec.tobytes()
     lines = []
     for i in range(rows):
         for j in range(cols):
@@ -150,20 +147,28 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
                "rowid-colid-value-binary": [("r", ">i4"), ("c", idt), ("v", vdtype)]}.get(fmt)
         if fmt == "binary-column":
             n_rows, n_cols = int(pm["saveColElemNum"]), int(pm["saveColNum"])
-            dt = np.dtype([("c", ">i4"), ("v", vdtype, (n_rows,))])
+            dt = np.dtype([("c", idt), ("v", vdtype, (n_rows,))])
             if len(data) != dt.itemsize * n_cols:
                 raise DataError(f"{len(data)} bytes, {n_cols} columns of {n_rows} values need {dt.itemsize * n_cols}", where)
             recs = np.frombuffer(data, dt)
-            row_ids = [int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + n_rows))
-            for c, vals in zip(recs["c"].tolist(), recs["v"]):
-                for r, v in zip(row_ids, vals.tolist()):
-                    put(r, c, v)
+            row_ids = np.array([int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + n_rows)), np.int64)
+            place(np.repeat(row_ids[None, :], n_cols, 0).reshape(-1), np.repeat(recs["c"].astype(np.int64), len(row_ids)),
+                  recs["v"].reshape(-1), out, where)
             return
         dt = np.dtype(rec)
         if len(data) % dt.itemsize:
             raise DataError(f"{len(data)} bytes is not a whole number of {dt.itemsize}-byte records", where)
         recs = np.frombuffer(data, dt)
-        _place_row_records(recs, rows_meta, fmt, r0, c0, put, where)
+        counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
+        total = sum(n for _, n in counts)
+        if total != len(recs):
+            raise DataError(f"{len(recs)} records, the row metadata says {total}", where)
+        r = np.repeat(np.array([row for row, _ in counts], np.int64), [n for _, n in counts]) if "r" not in recs.dtype.names else recs["r"].astype(np.int64)
+        if "c" in recs.dtype.names:
+            c = recs["c"].astype(np.int64)
+        else:  # value-binary: the columns follow each row's start
+            c = c0 + np.concatenate([np.arange(n) for _, n in counts]) if counts else np.empty(0, np.int64)
+        place(r, c, recs["v"], out, where)
         return
     text = data.decode("latin-1")
     lines = text.split("\n")
@@ -171,6 +176,7 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
         lines.pop()
     if sep is None:
         sep = detect_sep(lines[0]) if lines else ","
+    parse = _parse_int if vdtype.kind in "iu" else _parse_value  # int64 values beyond 2^53 stay exact
     if fmt == "text-column":
         row_ids = [int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0))))
         for k, line in enumerate(lines):
@@ -179,7 +185,7 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
                 raise DataError(f"{len(f)} fields separated by {sep!r}, a column id and {len(row_ids)} values expected",
                                 Location(path, k + 1))
             for r, v in zip(row_ids, f[1:]):
-                put(r, _parse_int(f[0], path, k + 1), _parse_value(v, path, k + 1))
+                put(r, _parse_int(f[0], path, k + 1), parse(v, path, k + 1))
         return
     fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
     recs = []
@@ -188,7 +194,17 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
         if len(f) != fields:
             raise DataError(f"{len(f)} fields separated by {sep!r}, {fields} expected", Location(path, k + 1))
         recs.append(tuple(f))
-    _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path)
+    _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path, parse=parse)
+
+
+def place(r: np.ndarray, c: np.ndarray, v: np.ndarray, out: np.ndarray, where: Any) -> None:
+    """``out[r, c] = v`` for every record, ids checked against the matrix first; integers stay integers."""
+    if r.size:
+        bad = (r < 0) | (r >= out.shape[0]) | (c < 0) | (c >= out.shape[1])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"element ({int(r[i])}, {int(c[i])}) is outside the {out.shape[0]}x{out.shape[1]} matrix", where)
+        out[r, c] = v
 
 
 def _parse_int(text: str, path: str, line: int) -> int:
@@ -205,7 +221,8 @@ def _parse_value(text: str, path: str, line: int) -> float:
         raise DataError(f"not a number: {text!r}", Location(path, line)) from None
 
 
-def _place_row_records(recs: Any, rows_meta: list, fmt: str, r0: int, c0: int, put: Any, where: Any, text_path: str | None = None) -> None:
+def _place_row_records(recs: Any, rows_meta: list, fmt: str, r0: int, c0: int, put: Any, where: Any, text_path: str | None = None,
+                       parse: Any = None) -> None:
     k = 0
     counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
     total = sum(n for _, n in counts)
@@ -221,6 +238,6 @@ def _place_row_records(recs: Any, rows_meta: list, fmt: str, r0: int, c0: int, p
             else:
                 r, c, v = rec[0], rec[1], rec[2]
             if text_path is not None:
-                r, c, v = int(r), int(c), _parse_value(str(v), text_path, k + 1)
-            put(int(r), int(c), float(v))
+                r, c, v = _parse_int(str(r), text_path, k + 1), _parse_int(str(c), text_path, k + 1), (parse or _parse_value)(str(v), text_path, k + 1)
+            put(int(r), int(c), v)
             k += 1
