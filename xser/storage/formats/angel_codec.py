@@ -152,6 +152,9 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
                 raise DataError(f"{len(data)} bytes, {n_cols} columns of {n_rows} values need {dt.itemsize * n_cols}", where)
             recs = np.frombuffer(data, dt)
             row_ids = np.array([int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + n_rows)), np.int64)
+            if out.shape == (n_rows, n_cols) and _is_range(row_ids, out.shape[0]) and _is_range(recs["c"], out.shape[1]):
+                out[...] = recs["v"].T  # the whole matrix, in order: one transposed copy
+                return
             place(np.repeat(row_ids[None, :], n_cols, 0).reshape(-1), np.repeat(recs["c"].astype(np.int64), len(row_ids)),
                   recs["v"].reshape(-1), out, where)
             return
@@ -163,6 +166,12 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
         total = sum(n for _, n in counts)
         if total != len(recs):
             raise DataError(f"{len(recs)} records, the row metadata says {total}", where)
+        rows, cols = out.shape
+        if (total == out.size and r0 == 0 and c0 == 0 and [row for row, _ in counts] == list(range(rows))
+                and all(n == cols for _, n in counts) and ("c" not in recs.dtype.names or _is_tiled(recs["c"], rows, cols))
+                and ("r" not in recs.dtype.names or _is_tiled(recs["r"], cols, rows, by_row=True))):
+            out[...] = recs["v"].reshape(rows, cols)  # every element once, row by row: no scatter
+            return
         r = np.repeat(np.array([row for row, _ in counts], np.int64), [n for _, n in counts]) if "r" not in recs.dtype.names else recs["r"].astype(np.int64)
         if "c" in recs.dtype.names:
             c = recs["c"].astype(np.int64)
@@ -197,8 +206,27 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
     _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path, parse=parse)
 
 
+def _is_range(ids: np.ndarray, n: int) -> bool:
+    return ids.shape == (n,) and bool((ids == np.arange(n)).all())
+
+
+def _is_tiled(ids: np.ndarray, rows: int, cols: int, by_row: bool = False) -> bool:
+    """Column ids 0..cols-1 repeated for each of ``rows`` rows (or, ``by_row``, each row id repeated ``rows`` times)."""
+    if ids.size != rows * cols:
+        return False
+    if by_row:  # here rows is the number of columns, cols the number of rows: r = [0]*ncols + [1]*ncols + ...
+        return bool((ids.reshape(cols, rows) == np.arange(cols)[:, None]).all())
+    return bool((ids.reshape(rows, cols) == np.arange(cols)[None, :]).all())
+
+
 def place(r: np.ndarray, c: np.ndarray, v: np.ndarray, out: np.ndarray, where: Any) -> None:
     """``out[r, c] = v`` for every record, ids checked against the matrix first; integers stay integers."""
+    rows, cols = out.shape
+    if r.size and r.size == out.size and rows and cols:  # every element once, row by row (dense layouts): no scatter
+        rr, cc = r.reshape(rows, cols), c.reshape(rows, cols)
+        if (rr == np.arange(rows)[:, None]).all() and (cc == np.arange(cols)[None, :]).all():
+            out[...] = v.reshape(rows, cols)
+            return
     if r.size:
         bad = (r < 0) | (r >= out.shape[0]) | (c < 0) | (c >= out.shape[1])
         if bad.any():

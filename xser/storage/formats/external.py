@@ -66,6 +66,11 @@ class DynetText(_BytesFormat):
 
 class AngelFormat(_BytesFormat):
     @property
+    def exact(self) -> bool:
+        """Binary layouts hold float32/float64 bits as they are: no read-back check needed after writing."""
+        return "binary" in self.name
+
+    @property
     def limits(self) -> str:
         if self.name == "rowid-colid-value-text":
             return "2-D float32 matrices exactly, and float64 only with finite values of at most 6 decimals (Angel's #.######)"
