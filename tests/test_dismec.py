@@ -144,3 +144,52 @@ class TestBadInput:
             export_dismec(tmp_path / "m.yaml", f"{name}/weight", tmp_path / "o.json")
         with pytest.raises(xser.DataError, match="did you mean 'SparseTXT'"):
             export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o.json", format="SparseText")
+
+
+class TestLayouts:
+    def test_recorded_layout_comes_back(self, tmp_path):
+        """An imported DiSMEC++ model exports to its own file names, ranges and formats (no options needed)."""
+        src = DATA / "split-DenseNPY"
+        name = import_dismec(src / "model.json", tmp_path / "m.yaml")
+        written = export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "out" / "model.json", date="D")
+        assert sorted(os.path.basename(p) for p in written) == sorted(p.name for p in src.iterdir())
+        for p in src.iterdir():
+            if p.name != "model.json":
+                assert (tmp_path / "out" / p.name).read_bytes() == p.read_bytes(), p.name
+        got, want = json.loads((tmp_path / "out" / "model.json").read_text()), json.loads((src / "model.json").read_text())
+        assert {k: v for k, v in got.items() if k != "date"} == {k: v for k, v in want.items() if k != "date"}
+
+    @pytest.mark.parametrize("ranges", [[(0, 2), (2, 1), (3, 2)], [(0, 1), (1, 4)], [(0, 5)]])
+    def test_cli_names_and_unequal_ranges_round_trip(self, tmp_path, ranges):
+        """train's naming (<meta>.weights-<first>-<last>, last inclusive) with any ranges: import then export gives the
+        same files back."""
+        w = np.arange(15, dtype=np.float32).reshape(5, 3) / 7
+        from strategies import leaf_of
+
+        leaf = leaf_of({"w": w})
+        xser.save(leaf, tmp_path / "m.yaml", durable=False)
+        first = export_dismec(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "a" / "model.json", layout="cli",
+                              ranges=ranges, date="D", format="SparseTXT")
+        assert [os.path.basename(p) for p in first[:-1]] == [f"model.json.weights-{a}-{a + n - 1}" for a, n in ranges]
+        name = import_dismec(tmp_path / "a" / "model.json", tmp_path / "b.yaml")
+        again = export_dismec(tmp_path / "b.yaml", f"{name}/weights", tmp_path / "c" / "model.json", date="D")
+        for p, q in zip(first, again):
+            assert os.path.basename(p) == os.path.basename(q) and Path(p).read_bytes() == Path(q).read_bytes()
+
+    def test_explicit_split_overrides_the_record(self, tmp_path):
+        name = import_dismec(DATA / "split-DenseNPY" / "model.json", tmp_path / "m.yaml")
+        written = export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", layout="split", split_files=4096)
+        assert [os.path.basename(p) for p in written] == ["model.json.weights", "model.json"]
+
+    @pytest.mark.parametrize("ranges, message", [
+        ([(0, 2), (3, 2)], "ranges must be contiguous (first, count) pairs from label 0"),
+        ([(0, 2)], "ranges cover 2 labels, the matrix has 5"),
+    ])
+    def test_bad_ranges(self, tmp_path, ranges, message):
+        from strategies import leaf_of
+
+        leaf = leaf_of({"w": np.zeros((5, 3), np.float32)})
+        xser.save(leaf, tmp_path / "m.yaml", durable=False)
+        with pytest.raises(xser.DataError) as info:
+            export_dismec(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o" / "model.json", ranges=ranges)
+        assert message in str(info.value)

@@ -165,7 +165,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         written = export_dismec(
             args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
-            split_files=args.split_files, checkpoint=args.checkpoint,
+            split_files=args.split_files, checkpoint=args.checkpoint, layout=args.layout, ranges=args.ranges,
         )
     elif args.system == "angel":
         from .interop.angel import export_angel
@@ -249,6 +249,13 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
 
+def _ranges(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ranges are first:count pairs separated by commas, got {text!r}") from None
+
+
 def _import_args(p: argparse.ArgumentParser) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
     for name, source in (
@@ -272,7 +279,10 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("model", help="saved xser model")
     q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
     q.add_argument("out", help="the metadata JSON file to write (weight files go beside it)")
-    q.add_argument("--format", default="DenseTXT", help="DenseTXT, SparseTXT or DenseNPY")
+    q.add_argument("--format", default=None, help="DenseTXT, SparseTXT or DenseNPY (default: as recorded at import, else DenseTXT)")
+    q.add_argument("--layout", default="auto", choices=("auto", "split", "cli"),
+                   help="file names and ranges: as recorded at import (auto), save_model's -K-of-N (split) or train's -<first>-<last> (cli)")
+    q.add_argument("--ranges", type=_ranges, metavar="F:C,...", help="explicit label ranges, first:count pairs from label 0")
     q.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
     q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
     q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")

@@ -203,6 +203,44 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
 # ---------------------------------------------------------------- writing
 
 
+def _recorded(model: Any, checkpoint: int, labels: int) -> tuple[list[dict] | None, dict]:
+    """The weight files recorded when the model was imported from DiSMEC++ (if they still cover its labels),
+    and the metadata's other keys (the date aside)."""
+    from ..api import retrying
+    from ..storage.listing import open_checkpoint
+
+    def once() -> Any:
+        with open_checkpoint(model, checkpoint) as data:
+            return (data.meta.get("training") or {})
+
+    training = retrying(os.fspath(model), once)
+    files = training.get("dismec_files")
+    extra = {k: v for k, v in (training.get("dismec_metadata") or {}).items() if k != "date"}
+    if not isinstance(files, list) or not files:
+        return None, extra
+    try:
+        recs = sorted(({"first": int(f["first"]), "count": int(f["count"]), "file": str(f["file"]), "format": str(f["format"])}
+                       for f in files), key=lambda f: f["first"])
+    except (KeyError, TypeError, ValueError):
+        return None, extra
+    if [r["first"] for r in recs] != [sum(x["count"] for x in recs[:i]) for i in range(len(recs))] or sum(r["count"] for r in recs) != labels \
+            or any(r["format"] not in FORMATS for r in recs):
+        return None, extra  # the matrix changed shape since: the recorded layout no longer fits
+    return recs, extra
+
+
+def _check_ranges(ranges: Any, labels: int) -> list[tuple[int, int]]:
+    out = [(int(a), int(b)) for a, b in ranges]
+    at = 0
+    for first, count in out:
+        if first != at or count < 1:
+            raise DataError(f"ranges must be contiguous (first, count) pairs from label 0 with count >= 1, got {list(ranges)}")
+        at += count
+    if at != labels:
+        raise DataError(f"ranges cover {at} labels, the matrix has {labels}")
+    return out
+
+
 def _g(x: float, precision: int) -> str:
     """C++ ``ostream << float`` with ``precision(P)``: printf ``%.{P}g``."""
     return format(float(x), f".{precision}g")
@@ -243,21 +281,29 @@ def export_dismec(
     param: str,
     meta_out: str | os.PathLike,
     *,
-    format: str = "DenseTXT",
+    format: str | None = None,
     precision: int = 6,
     culling: float = 0.0,
     split_files: int = 4096,
     checkpoint: int = 0,
     date: str | None = None,
+    layout: str = "auto",
+    ranges: list[tuple[int, int]] | None = None,
 ) -> list[str]:
     """Write ``param`` (``"<subcollection>/<parameter>"``, a 2-D float matrix) as DiSMEC++ files.
 
     Returns the paths written (metadata last). ``date`` defaults to now, UTC, as DiSMEC++ writes it.
+    ``format`` (DenseTXT, SparseTXT, DenseNPY) defaults to the recorded formats, else DenseTXT. ``layout``: ``"auto"`` gives back the file names, label ranges and formats recorded when the model was
+    imported from DiSMEC++ (else ``"split"``); ``"split"`` is ``save_model``'s naming (``<meta>.weights`` or
+    ``-K-of-N`` by ``split_files``); ``"cli"`` the ``train`` command's (``<meta>.weights-<first>-<last>``, last
+    inclusive). ``ranges=[(first, count), ...]`` sets the label ranges explicitly (with "split" or "cli" naming).
     """
     from . import read_param
 
     meta_out = os.fspath(meta_out)
-    if format not in FORMATS:
+    if layout not in ("auto", "split", "cli"):
+        raise DataError(f"layout must be auto, split or cli, got {layout!r}")
+    if format is not None and format not in FORMATS:
         raise DataError(f"unknown DiSMEC++ format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
     if split_files < 1 or precision < 1:
         raise DataError(f"split-files and precision must be >= 1, got {split_files} and {precision}")
@@ -267,12 +313,22 @@ def export_dismec(
     if not np.all(np.isfinite(w)):
         raise DataError(f"{param} holds non-finite values, which DiSMEC++ cannot read back", Location(os.fspath(model)))
     labels, features = w.shape
-    ranges = _split(labels, split_files)
     base = os.path.basename(meta_out)
-    names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
+    recorded, extra = _recorded(model, checkpoint, labels) if layout == "auto" and ranges is None else (None, {})
+    if recorded is not None:
+        ranges = [(wf["first"], wf["count"]) for wf in recorded]
+        names = [wf["file"] for wf in recorded]
+        formats = [format or wf["format"] for wf in recorded]  # a format given explicitly wins
+    else:
+        ranges = _check_ranges(ranges, labels) if ranges is not None else _split(labels, split_files)
+        if layout == "cli":
+            names = [f"{base}.weights-{first}-{first + count - 1}" for first, count in ranges]
+        else:
+            names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
+        formats = [format or "DenseTXT"] * len(ranges)
     os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
     written = []
-    for (first, count), fname in zip(ranges, names):
+    for (first, count), fname, format in zip(ranges, names, formats):
         rows = w[first : first + count].astype(np.float32)
         data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
                 "DenseNPY": lambda: _dismec_npy(rows)}[format]()
@@ -281,8 +337,9 @@ def export_dismec(
             f.write(data)
         written.append(path)
     meta = {
+        **extra,
         "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),
-        "files": [{"count": c, "file": n, "first": s, "weight-format": format} for (s, c), n in zip(ranges, names)],
+        "files": [{"count": c, "file": n, "first": s, "weight-format": f} for (s, c), n, f in zip(ranges, names, formats)],
         "num-features": features,
         "num-labels": labels,
     }
