@@ -57,7 +57,8 @@ def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
             raise
         except (ValueError, ArithmeticError, TypeError) as e:  # a codec that cannot represent a value
             raise DataError(f"format {piece.format!r} cannot store this array: {e}{_limits(fmt)}", Location(path)) from None
-        if not _lossy_on_purpose(piece.options) and not getattr(fmt, "exact", False):
+        exact = getattr(fmt, "exact", False) or (hasattr(fmt, "exact_for") and fmt.exact_for(arr, piece.options))
+        if not _lossy_on_purpose(piece.options) and not exact:
             _check_round_trip(fmt, path, arr, size, piece.format)
     if durable:
         fsync_file(path)

@@ -50,6 +50,10 @@ class _BytesFormat(DecodedWhole):
 class DynetText(_BytesFormat):
     limits = "finite floating-point values that float32 holds exactly (DyNet reads every value as float32)"
 
+    def exact_for(self, array: np.ndarray, options: dict) -> bool:
+        """Finite float32 is written as %+.8e, which reads back exactly: no read-back check needed."""
+        return not options and array.dtype == np.float32 and array.ndim > 0 and bool(np.isfinite(array).all())
+
     def encode(self, path: str, array: np.ndarray, **options: Any) -> bytes:
         if options or array.dtype.kind != "f" or array.ndim == 0:
             raise DataError(f"dynet-text stores float arrays with at least one dimension (no options), got {array.dtype} {shape_str(array.shape)}", Location(path))
