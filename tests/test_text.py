@@ -258,3 +258,25 @@ class TestRoundTripOrRefuse:
         xser.save(leaf_of({"x": x}), tmp_path / "m.yaml", formats={"*": fmt})
         (sub,) = xser.read_params(tmp_path / "m.yaml").values()
         assert sub["x"].view(np.uint32).tolist() == x.view(np.uint32).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_vectorised_sparse_text_is_printf(data):
+    """The vectorised sparse-text writer gives exactly what per-value printf gives: indices of every width, -0.0,
+    subnormals, empty rows, thresholds."""
+    from xser.storage.formats.text import SPARSE_TEXT, _as_rows
+
+    rows = data.draw(st.integers(0, 6))
+    cols = data.draw(st.sampled_from([1, 9, 10, 11, 99, 101, 1234]))
+    raw = data.draw(hnp.arrays(np.uint32, (rows, cols)))
+    a = raw.view(np.float32).copy()
+    a[~np.isfinite(a)] = 0
+    a[np.random.default_rng(rows).random(a.shape) < 0.6] = 0
+    threshold = data.draw(st.sampled_from([0.0, 1e-30, 0.5]))
+    got = b"".join(SPARSE_TEXT._chunks(_as_rows(a), threshold=threshold))
+    want = []
+    for row in a:
+        idx = np.flatnonzero(np.abs(row) > threshold) if threshold else np.flatnonzero((row != 0) | np.signbit(row))
+        want.append("".join(f"{j}:{v:+.8e} " for j, v in zip(idx.tolist(), row[idx].tolist())) + "\n")
+    assert got == "".join(want).encode()
