@@ -280,3 +280,23 @@ def test_vectorised_sparse_text_is_printf(data):
         idx = np.flatnonzero(np.abs(row) > threshold) if threshold else np.flatnonzero((row != 0) | np.signbit(row))
         want.append("".join(f"{j}:{v:+.8e} " for j, v in zip(idx.tolist(), row[idx].tolist())) + "\n")
     assert got == "".join(want).encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_vectorised_sparse_text_reader(data):
+    """The fast reader gives the slow reader's matrix on what xser writes, and declines (falls back) on other spellings."""
+    from xser.storage.formats.text import SPARSE_TEXT, _as_rows, _sparse_fast
+
+    rows = data.draw(st.integers(1, 5))
+    cols = data.draw(st.sampled_from([1, 10, 11, 123]))
+    a = data.draw(hnp.arrays(np.uint32, (rows, cols))).view(np.float32).copy()
+    a[~np.isfinite(a)] = 0
+    a[np.random.default_rng(cols).random(a.shape) < 0.5] = 0
+    text = b"".join(SPARSE_TEXT._chunks(_as_rows(a)))
+    lines = text.split(b"\n")[:-1]
+    got = SPARSE_TEXT._parse(lines, rows, cols, np.dtype(np.float32), "<t>")
+    assert got.tobytes() == a.tobytes()
+    other = [line.replace(b"e+", b"E+") for line in lines]  # another spelling: the fast path declines, the slow one reads it
+    assert _sparse_fast(other, rows, cols, np.dtype(np.float32)) is None or not any(b"E+" in x for x in other)
+    assert np.array_equal(SPARSE_TEXT._parse(other, rows, cols, np.dtype(np.float32), "<t>"), a)
