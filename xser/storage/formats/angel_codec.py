@@ -6,7 +6,6 @@ angel``. Layouts from ``shared/research/formats.md`` section 2.
 
 from __future__ import annotations
 
-import struct
 import math
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any

@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from ...errors import DataError, Location
-from .text import format_float32, parse_float32
+from .float_text import format_float32, parse_float32
 
 __all__ = ["parse_dynet_text", "write_dynet_text"]
 
