@@ -108,7 +108,7 @@ class TestBadInput:
         ("DenseTXT", lambda m: m["files"][0].update({"weight-format": "DenseTxt"}), None,
          "unknown weight-format 'DenseTxt' (known: DenseTXT, SparseTXT, DenseNPY); did you mean 'DenseTXT'?"),
         ("DenseTXT", lambda m: m["files"][0].update(count=1), None, "weight files cover 1 labels, num-labels is 2"),
-        ("DenseTXT", lambda m: m["files"][0].update(first=1), None, "labels 0 to 0 are in no weight file"),
+        ("DenseTXT", lambda m: m["files"][0].update(first=1), None, "labels 0 to 0 are in no weight file (a checkpoint of an unfinished run? import the ranges present with --partial)"),
         ("DenseTXT", lambda m: m["files"][0].update(file="../x"), None, "weight file '../x' must be a path relative to the metadata file, inside its directory"),
         ("DenseTXT", None, b"1 nan 2\n0 0 0\n", "non-finite value 'nan'"),
         ("DenseTXT", None, b"1 2\n0 0 0\n", "2 values on the line, 3 expected"),
@@ -193,3 +193,40 @@ class TestLayouts:
         with pytest.raises(xser.DataError) as info:
             export_dismec(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o" / "model.json", ranges=ranges)
         assert message in str(info.value)
+
+
+class TestPartialImport:
+    def checkpoint(self, tmp_path, ranges=((0, 2), (4, 1)), labels=6):
+        """A metadata file with some label ranges missing, as DiSMEC++'s update_meta_file leaves it mid-training."""
+        from strategies import leaf_of
+
+        w = np.arange(labels * 3, dtype=np.float32).reshape(labels, 3) / 4
+        leaf = leaf_of({"w": w})
+        xser.save(leaf, tmp_path / "full.yaml", durable=False)
+        export_dismec(tmp_path / "full.yaml", f"{xser.params(leaf).name}/w", tmp_path / "run" / "model.json", layout="cli",
+                      ranges=[(0, 2), (2, 2), (4, 1), (5, 1)], date="D")
+        meta = json.loads((tmp_path / "run" / "model.json").read_text())
+        meta["files"] = [f for f in meta["files"] if (f["first"], f["count"]) in set(ranges)]
+        (tmp_path / "run" / "model.json.checkpoint").write_text(json.dumps(meta, indent=4, sort_keys=True) + "\n")
+        return w, tmp_path / "run" / "model.json.checkpoint"
+
+    def test_refused_as_a_whole_without_partial(self, tmp_path):
+        _, ck = self.checkpoint(tmp_path)
+        with pytest.raises(xser.DataError) as info:
+            import_dismec(ck, tmp_path / "m.yaml")
+        assert str(info.value) == (f"{ck}: labels 2 to 3 are in no weight file (a checkpoint of an unfinished run? "
+                                   "import the ranges present with --partial)")
+
+    def test_ranges_present_are_imported_and_recorded(self, tmp_path):
+        w, ck = self.checkpoint(tmp_path)
+        assert main(["import", "dismec", str(ck), str(tmp_path / "m.yaml"), "--partial"]) == 0
+        m = xser.load(tmp_path / "m.yaml")
+        assert m.present == [[0, 2], [4, 1]] and np.array_equal(m.weights, np.concatenate([w[0:2], w[4:5]]))
+        meta = xser.checkpoints(tmp_path / "m.yaml")[0].training
+        assert meta["dismec_partial"] == {"present": [[0, 2], [4, 1]], "missing": [[2, 2], [5, 1]]}
+        name = xser.params(m).name
+        written = export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "again" / "model.json.checkpoint", date="D")
+        back = json.loads(Path(written[-1]).read_text())
+        assert back == json.loads(ck.read_text())  # same files, ranges and num-labels: DiSMEC++'s partial loader reads it
+        for f in back["files"]:
+            assert (tmp_path / "again" / f["file"]).read_bytes() == (tmp_path / "run" / f["file"]).read_bytes()

@@ -134,7 +134,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.system == "dismec":
         from .interop.dismec import import_dismec
 
-        name = import_dismec(args.source, args.out, force=args.force)
+        name = import_dismec(args.source, args.out, force=args.force, partial=args.partial)
         print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
     elif args.system == "angel":
         from .interop.angel import import_angel
@@ -271,6 +271,8 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         q.add_argument("--force", action="store_true", help="replace OUT if it exists")
         if name == "safetensors":
             q.add_argument("--format", default="npy", choices=("npy", "safetensors"), help="weight format of the new model")
+        if name == "dismec":
+            q.add_argument("--partial", action="store_true", help="import the label ranges present when some are missing (a checkpoint of an unfinished run)")
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:

@@ -35,13 +35,17 @@ FORMATS = ("DenseTXT", "SparseTXT", "DenseNPY")
 
 @serializable(tag="!DismecModel")
 class DismecModel:
-    """A DiSMEC++ weight matrix: one row of ``num_features`` weights per label."""
+    """A DiSMEC++ weight matrix: one row of ``num_features`` weights per label. A partial model (imported from a
+    checkpoint of a training run with some label ranges still missing) holds only the ``present`` ranges'
+    rows, ``[[first, count], ...]`` in label order."""
 
     num_labels: int
     num_features: int
+    present: list | None = None
 
     def __attrs_post_init__(self):
-        self.weights = params(self).add("weights", (self.num_labels, self.num_features), init="zeros")
+        rows = self.num_labels if self.present is None else sum(int(c) for _, c in self.present)
+        self.weights = params(self).add("weights", (rows, self.num_features), init="zeros")
 
 
 @attrs.frozen
@@ -55,7 +59,7 @@ class WeightFile:
 # ---------------------------------------------------------------- reading
 
 
-def _meta(path: str) -> tuple[dict, list[WeightFile]]:
+def _meta(path: str, partial: bool = False) -> tuple[dict, list[WeightFile]]:
     try:
         with open(path, "rb") as f:
             meta = json.loads(f.read().decode("utf-8"))
@@ -97,10 +101,11 @@ def _meta(path: str) -> tuple[dict, list[WeightFile]]:
     for wf in files:
         if wf.first < nxt:
             raise DataError(f"weight files overlap: {wf.file} starts at label {wf.first}, before {nxt}", Location(path))
-        if wf.first > nxt:
-            raise DataError(f"labels {nxt} to {wf.first - 1} are in no weight file", Location(path))
+        if wf.first > nxt and not partial:
+            raise DataError(f"labels {nxt} to {wf.first - 1} are in no weight file (a checkpoint of an unfinished "
+                            "run? import the ranges present with --partial)", Location(path))
         nxt = wf.first + wf.count
-    if nxt != meta["num-labels"]:
+    if nxt > meta["num-labels"] or (nxt != meta["num-labels"] and not partial):
         raise DataError(f"weight files cover {nxt} labels, num-labels is {meta['num-labels']}", Location(path))
     return meta, files
 
@@ -158,10 +163,10 @@ def _read_npy(path: str, count: int, features: int) -> np.ndarray:
 _READERS = {"DenseTXT": _read_dense_text, "SparseTXT": _read_sparse_text, "DenseNPY": _read_npy}
 
 
-def read_dismec(meta_path: str | os.PathLike) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
-    """The metadata and each weight file's rows, checked."""
+def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
+    """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing)."""
     meta_path = os.fspath(meta_path)
-    meta, files = _meta(meta_path)
+    meta, files = _meta(meta_path, partial)
     out = []
     for wf in files:
         path = _resolve(meta_path, wf.file)
@@ -171,21 +176,33 @@ def read_dismec(meta_path: str | os.PathLike) -> tuple[dict, list[tuple[WeightFi
     return meta, out
 
 
-def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
-    """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name."""
+def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
+                  partial: bool = False) -> str:
+    """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name.
+
+    ``partial`` imports the label ranges present in a metadata file that misses some (a checkpoint of an
+    unfinished training run, which DiSMEC++'s partial loader reads): the model holds those rows only and
+    records which labels they are (``present``), and the missing ranges are listed in its metadata."""
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     meta_path, out = os.fspath(meta_path), os.fspath(out)
-    meta, parts = read_dismec(meta_path)
+    meta, parts = read_dismec(meta_path, partial)
     name = fresh_name(DismecModel)
-    weights = np.empty((meta["num-labels"], meta["num-features"]), np.float32)
+    present = [[wf.first, wf.count] for wf, _ in parts]
+    gaps = sum(c for _, c in present) != meta["num-labels"]
+    weights = np.empty((sum(c for _, c in present) if gaps else meta["num-labels"], meta["num-features"]), np.float32)
+    blocks, at = [], 0
     for wf, rows in parts:
-        weights[wf.first : wf.first + wf.count] = rows
-    blocks = [(wf.first, wf.count) for wf, _ in parts]
-    tree = Tagged("!DismecModel", {"num_labels": meta["num-labels"], "num_features": meta["num-features"], "xser_subcol_name": name})
+        weights[at : at + wf.count] = rows
+        blocks.append((at, wf.count))
+        at += wf.count
+    args = {"num_labels": meta["num-labels"], "num_features": meta["num-features"]}
+    if gaps:
+        args["present"] = present
+    tree = Tagged("!DismecModel", {**args, "xser_subcol_name": name})
     text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(meta_path), "experiment": tree})
     extra = {k: v for k, v in meta.items() if k not in ("files", "num-labels", "num-features")}
     meta_out = {
@@ -193,9 +210,16 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
         "custom": extra.pop("custom", {}) if isinstance(extra.get("custom", {}), dict) else {},
     }
     meta_out["training"]["dismec_metadata"] = extra
+    if gaps:
+        missing, nxt = [], 0
+        for first, count in present + [[meta["num-labels"], 0]]:
+            if first > nxt:
+                missing.append([nxt, first - nxt])
+            nxt = first + count
+        meta_out["training"]["dismec_partial"] = {"present": present, "missing": missing}
     write_new_model(
         out, [Snapshot(text, {name: {"weights": (weights, True)}}, meta_out)],
-        SaveOptions(durable, blocks={f"{name}/weights": blocks} if len(blocks) > 1 else None), force=force,
+        SaveOptions(durable, blocks={f"{name}/weights": blocks} if len(blocks) > 1 and all(c for _, c in blocks) else None), force=force,
     )
     return name
 
@@ -223,9 +247,13 @@ def _recorded(model: Any, checkpoint: int, labels: int) -> tuple[list[dict] | No
                        for f in files), key=lambda f: f["first"])
     except (KeyError, TypeError, ValueError):
         return None, extra
-    if [r["first"] for r in recs] != [sum(x["count"] for x in recs[:i]) for i in range(len(recs))] or sum(r["count"] for r in recs) != labels \
-            or any(r["format"] not in FORMATS for r in recs):
+    partial = training.get("dismec_partial") is not None
+    contiguous = [r["first"] for r in recs] == [sum(x["count"] for x in recs[:i]) for i in range(len(recs))]
+    if (not contiguous and not partial) or sum(r["count"] for r in recs) != labels or any(r["format"] not in FORMATS for r in recs):
         return None, extra  # the matrix changed shape since: the recorded layout no longer fits
+    if partial:
+        extra["num-labels"] = sum(c for _, c in training["dismec_partial"]["present"]) + sum(
+            c for _, c in training["dismec_partial"]["missing"])
     return recs, extra
 
 
@@ -328,8 +356,10 @@ def export_dismec(
         formats = [format or "DenseTXT"] * len(ranges)
     os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
     written = []
+    row = 0
     for (first, count), fname, format in zip(ranges, names, formats):
-        rows = w[first : first + count].astype(np.float32)
+        rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
+        row += count
         data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
                 "DenseNPY": lambda: _dismec_npy(rows)}[format]()
         path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
@@ -341,7 +371,7 @@ def export_dismec(
         "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),
         "files": [{"count": c, "file": n, "first": s, "weight-format": f} for (s, c), n, f in zip(ranges, names, formats)],
         "num-features": features,
-        "num-labels": labels,
+        "num-labels": extra.pop("num-labels", labels),
     }
     with open(meta_out, "w", encoding="utf-8") as f:
         f.write(json.dumps(meta, indent=4, sort_keys=True) + "\n")
