@@ -27,7 +27,8 @@ from ..model.serialize import subcols_by_path
 from ..model.tables import SEP
 from ..storage.dtypes import find, resolve
 from ..storage.payloads import Lazy
-from ..storage.recis_layout import INDEX, RANK_JSON, TENSORKEY, TORCH_NAMES, gen_slice, read_block, read_layout, slice_string, tag_for
+from ..storage.formats.safetensors import safetensors_tag
+from ..storage.recis_layout import INDEX, RANK_JSON, TENSORKEY, TORCH_NAMES, gen_slice, read_block, read_layout, slice_string, tensors
 
 __all__ = ["RecisModel", "export_recis", "import_recis", "render_files"]
 
@@ -61,7 +62,7 @@ def _header(blocks: list[Block]) -> tuple[bytes, dict]:
     meta, metas, offset = {}, {}, 0
     for b in blocks:
         n = int(np.prod(b.array.shape, dtype=np.int64)) * np.dtype(b.array.dtype).itemsize
-        meta[b.key] = {"dtype": tag_for(np.dtype(b.array.dtype)), "shape": [int(s) for s in b.array.shape], "data_offsets": [offset, offset + n]}
+        meta[b.key] = {"dtype": safetensors_tag(np.dtype(b.array.dtype)), "shape": [int(s) for s in b.array.shape], "data_offsets": [offset, offset + n]}
         metas[b.key] = dict(meta[b.key], dense=b.dense)
         offset += n
     text = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -216,20 +217,17 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     blocks = read_layout(directory)
     tables: dict[str, dict[str, list]] = {}
     dense: dict[str, Any] = {}
-    for b in blocks:
-        if b.slice is None:
-            dense[b.tensor] = b
+    for tensor, bs in tensors(blocks).items():  # a table's slices in slice order
+        if bs[0].slice is None:
+            dense[tensor] = bs[0]
         else:
-            table, _, part = b.tensor.partition("@")
-            tables.setdefault(table, {}).setdefault(part, []).append(b)
+            table, _, part = tensor.partition("@")
+            tables.setdefault(table, {})[part] = bs
     arrays: dict[str, tuple[Any, bool]] = {}
     spec_tables, spec_dense = {}, {}
     for name, parts in tables.items():
         if "id" not in parts or "embedding" not in parts:
             raise DataError(f"hash table {name!r} lacks its id or embedding blocks", Location(directory))
-        for part, bs in parts.items():
-            bs.sort(key=lambda b: b.slice)
-            parts[part] = bs
         ids = np.concatenate([read_block(b) for b in parts["id"]]) if parts["id"] else np.empty(0, np.int64)
         order = np.argsort(ids, kind="stable")
         if ids.size > 1 and (ids[order][1:] == ids[order][:-1]).any():

@@ -241,6 +241,8 @@ class Subcollection:
             if table not in self._tables:
                 raise KeyError(f"{self.name} has no table {table!r}")
             self._tables[table].load(got, Location(where))
+        if arrays:
+            self.current()  # adopt rebound arrays first, so the values land where the owner looks
         for name, value in arrays.items():
             decl = self._decls.get(name)
             if decl is None:
@@ -251,7 +253,6 @@ class Subcollection:
                     f"param {name!r}: {shape_str(value.shape)} {value.dtype} on disk, declared {shape_str(decl.shape)} {decl.dtype}",
                     Location(where),
                 )
-            self.current()  # adopt rebound arrays first, so the values land where the owner looks
             self._arrays[name][...] = value
 
     def bind(self) -> None:

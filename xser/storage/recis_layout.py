@@ -13,7 +13,6 @@ reader cannot read back; xser writes ``BOOL`` and reads both.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from typing import Any
@@ -22,10 +21,11 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location
-from .dtypes import DTYPES, find
-from .formats.safetensors import parse_header
+from .dtypes import DTYPES
+from .formats.safetensors import parse_header, read_at
 
-__all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_capped", "read_layout", "slice_string"]
+__all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_capped", "read_layout", "slice_string",
+           "tensors"]
 
 INDEX = "index"
 TENSORKEY = "tensorkey.json"
@@ -123,24 +123,17 @@ def read_layout(directory: str) -> list[RecisBlock]:
 
 
 def read_block(b: RecisBlock, rows: tuple[int, int] | None = None) -> np.ndarray:
-    shape, offset = b.shape, b.offset
-    if rows is not None:
-        row = math.prod(shape[1:]) * b.dtype.itemsize
-        offset, shape = offset + rows[0] * row, (rows[1] - rows[0],) + tuple(shape[1:])
-    out = np.empty(shape, b.dtype)
-    view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
-    with open(b.file, "rb") as f:
-        f.seek(offset)
-        if f.readinto(view) != view.size:
-            raise DataError(f"file ended inside block {b.key!r}", Location(b.file))
+    return read_at(b.file, b.offset, b.dtype, b.shape, rows)
+
+
+def tensors(blocks: list[RecisBlock]) -> dict[str, list[RecisBlock]]:
+    """``{internal tensor name: its blocks}``, a table's slices in slice order (how RecIS's reader puts them together)."""
+    out: dict[str, list[RecisBlock]] = {}
+    for b in blocks:
+        out.setdefault(b.tensor, []).append(b)
+    for bs in out.values():
+        bs.sort(key=lambda b: b.slice or (0, 0, 0))
     return out
-
-
-def tag_for(dtype: np.dtype) -> str:
-    d = find(dtype)
-    if d is None or d.safetensors is None:
-        raise DataError(f"RecIS (safetensors) has no dtype for {dtype}")
-    return d.safetensors
 
 
 TORCH_NAMES = {d.safetensors: d.torch for d in DTYPES.values() if d.safetensors}

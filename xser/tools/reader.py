@@ -21,7 +21,8 @@ from ..storage.dtypes import find
 from ..storage.hf_layout import hf_files, hf_tensors
 from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
-from ..storage.recis_layout import read_block, read_layout
+from ..storage.formats.safetensors import read_at
+from ..storage.recis_layout import read_block, read_layout, tensors
 
 __all__ = ["CheckpointReader"]
 
@@ -78,10 +79,8 @@ class CheckpointReader:
 
     def _open_recis(self) -> None:
         """RecIS's names: ``emb@id``, ``emb@embedding``, ``emb@<slot>`` (slices put together in slice order), dense names."""
-        for b in read_layout(self.path):
-            self._recis.setdefault(b.tensor, []).append(b)
+        self._recis = tensors(read_layout(self.path))
         for name, bs in self._recis.items():
-            bs.sort(key=lambda b: b.slice or (0, 0, 0))
             if any(b.dtype != bs[0].dtype or b.shape[1:] != bs[0].shape[1:] for b in bs):
                 raise DataError(f"tensor {name!r}: its slices differ in dtype or row shape", Location(self.path))
             self._meta[name] = (bs[0].dtype, (sum(b.shape[0] for b in bs),) + tuple(bs[0].shape[1:]) if bs[0].shape else ())
@@ -112,24 +111,13 @@ class CheckpointReader:
             except CheckpointVanished:
                 raise CheckpointError("the checkpoint was removed (pruned) while the reader held it; open a new reader",
                                       Location(self._data.path)) from None
+        if rows is not None:
+            rows = check_rows(_Entry(name, shape), rows)
         if self._recis:
             whole = np.concatenate([read_block(b) for b in self._recis[name]]) if shape else read_block(self._recis[name][0])
-            if rows is None:
-                return whole
-            first, stop = check_rows(_Entry(name, shape), rows)
-            return whole[first:stop].copy()
+            return whole if rows is None else whole[rows[0] : rows[1]].copy()
         file, offset = self._files[name]
-        if rows is not None:
-            first, stop = check_rows(_Entry(name, shape), rows)
-            row = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-            offset, shape = offset + first * row, (stop - first,) + shape[1:]
-        out = np.empty(shape, dtype)
-        with open(file, "rb") as f:
-            f.seek(offset)
-            view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
-            if f.readinto(view) != view.size:
-                raise DataError(f"file ended inside tensor {name!r}", Location(file))
-        return out
+        return read_at(file, offset, dtype, shape, rows)
 
     def close(self) -> None:
         if self._data is not None:

@@ -23,23 +23,24 @@ import numpy as np
 from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
-from ..dtypes import dtype_problem, find, from_safetensors, storage_of
+from ..dtypes import DTYPES, dtype_problem, find, from_safetensors, storage_of
 from .npy import _read_exactly, byte_view, map_fd
 
-__all__ = ["SAFETENSORS", "SafetensorsFormat", "parse_header", "render_header"]
+__all__ = ["SAFETENSORS", "SafetensorsFormat", "parse_header", "read_at", "render_header", "safetensors_tag"]
 
 MAX_HEADER = 100 << 20  # what the safetensors library itself accepts
 CHUNK = 8 << 20
 
 
-def _tag(dtype: np.dtype, where: str) -> str:
+def safetensors_tag(dtype: np.dtype, where: str | None = None) -> str:
+    """The safetensors header's dtype of a numpy dtype; a ``DataError`` for dtypes safetensors has none for."""
     d = find(dtype)
     if d is None or d.safetensors is None:
-        raise DataError(f"safetensors has no dtype for {dtype} (it stores: {', '.join(sorted(_STORABLE))})", Location(where))
+        raise DataError(f"safetensors has no dtype for {dtype} (it stores: {', '.join(_STORABLE)})", Location(where) if where else None)
     return d.safetensors
 
 
-_STORABLE = ("BF16", "BOOL", "C64", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "I16", "I32", "I64", "I8", "U16", "U32", "U64", "U8")
+_STORABLE = sorted(d.safetensors for d in DTYPES.values() if d.safetensors)
 
 
 def render_header(tensors: Mapping[str, tuple[np.dtype, tuple]], metadata: Mapping[str, str] | None, where: str) -> tuple[bytes, list[str]]:
@@ -52,7 +53,7 @@ def render_header(tensors: Mapping[str, tuple[np.dtype, tuple]], metadata: Mappi
     for name in order:
         dtype, shape = tensors[name]
         n = math.prod(shape) * dtype.itemsize
-        head[name] = {"dtype": _tag(dtype, where), "shape": [int(s) for s in shape], "data_offsets": [offset, offset + n]}
+        head[name] = {"dtype": safetensors_tag(dtype, where), "shape": [int(s) for s in shape], "data_offsets": [offset, offset + n]}
         offset += n
     text = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-(8 + len(text)) % 8)
@@ -105,6 +106,18 @@ def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict
         if b2 < e1:
             raise DataError(f"safetensors tensors {a!r} and {b!r} overlap", Location(where))
     return out, start
+
+
+def read_at(path: str, offset: int, dtype: np.dtype, shape: tuple, rows: tuple[int, int] | None = None, name: str = "") -> np.ndarray:
+    """A tensor whose bytes start at ``offset`` of the file ``path`` (or only rows ``first:stop`` of it), in memory."""
+    if rows is not None:
+        offset += rows[0] * math.prod(shape[1:]) * dtype.itemsize
+        shape = (rows[1] - rows[0],) + tuple(shape[1:])
+    out = np.empty(shape, dtype)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        _read_exactly(f, byte_view(out) if out.size else np.empty(0, np.uint8), path)
+    return out
 
 
 def _extension(tag: str) -> np.dtype:
