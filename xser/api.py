@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .checkpoints.saver import SaveOptions, save_model
-from .errors import CheckpointError, DataError, Location, SpecError
+from .errors import CheckpointError, DataError, Location, SpecError, key_lists
 from .model.build import ExperimentSpec, build_spec
 from .model.adapters import array_kind
 from .model.build import build as _build
@@ -172,11 +172,7 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict:
                 have = set(sub.names())
                 missing, unexpected = sorted(have - set(entries)), sorted(set(entries) - have)
                 if missing or (strict and unexpected):
-                    text = "; ".join(
-                        f"{what} key(s): " + ", ".join(f'"{k}"' for k in keys)
-                        for what, keys in (("missing", missing), ("unexpected", unexpected if strict else []))
-                        if keys
-                    )
+                    text = key_lists(missing, unexpected if strict else [])
                     raise DataError(f"{text} (component at {where})", Location(os.path.join(data.path, disk)))
                 plan.append((sub, disk, [e for n, e in entries.items() if n in have]))
             if strict:

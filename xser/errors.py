@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import attrs
 
 __all__ = [
+    "key_lists",
     "CheckpointError",
     "DataError",
     "Location",
@@ -91,6 +92,17 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     same = [c for c in choices if c.lower() == word.lower()]
     close = same or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def key_lists(missing: Iterable[str], unexpected: Iterable[str], what: str = "") -> str:
+    """``missing key(s){what}: "a", "b"; unexpected key(s){what}: "c"`` (either part left out when empty), sorted,
+    as ``torch.nn.Module.load_state_dict`` words it."""
+    parts = []
+    for kind, keys in (("missing", missing), ("unexpected", unexpected)):
+        keys = sorted(keys)
+        if keys:
+            parts.append(f"{kind} key(s){what}: " + ", ".join(f'"{k}"' for k in keys))
+    return "; ".join(parts)
 
 
 def shape_str(shape: Iterable[int]) -> str:

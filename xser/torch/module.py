@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import torch
 
-from ..errors import DataError, Location, RegistryError, shape_str
+from ..errors import DataError, Location, RegistryError, key_lists, shape_str
 from ..model.adapters import ADAPTERS, LOAD
 from ..model.params import PRESET_SOURCE, ParamDecl, Subcollection, params, subcollection_of
 from ..model.registry import info_for
@@ -145,11 +145,7 @@ class TorchSubcollection(Subcollection):
                     f"the module holds {shape_str(tuple(t.shape))} {str(t.dtype).removeprefix('torch.')}",
                     Location(where),
                 )
-            with torch.no_grad():
-                if mmap and t.device.type == "cpu":
-                    t.data = src
-                else:
-                    t.copy_(src)
+            _put(t, src, mmap)
 
     def load(self) -> None:
         """Fill every tensor of the state from the loaded component's source (missing keys listed together)."""
@@ -158,10 +154,7 @@ class TorchSubcollection(Subcollection):
         on_disk = set(source.names())
         missing = sorted(set(state) - on_disk - self._filled)
         if missing:
-            unexpected = sorted(on_disk - set(state) - self._filled)
-            text = "missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing)
-            if unexpected:
-                text += "; unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected)
+            text = key_lists(missing, on_disk - set(state) - self._filled, " in state_dict")
             raise DataError(text + source.needed_by(), source.location())
         mapped = _mapped()
         for name, t in state.items():
@@ -169,12 +162,17 @@ class TorchSubcollection(Subcollection):
                 continue
             arr = source.fetch(self.name, name, tuple(t.shape), numpy_dtype(t.dtype, f"{self.name}: param {name!r}: "))
             src = from_numpy(arr, copy=False)
-            with torch.no_grad():
-                if mapped and t.device.type == "cpu":
-                    t.data = src
-                else:
-                    t.copy_(src)
+            _put(t, src, mapped)
         self._filled.update(state)
+
+
+def _put(t: torch.Tensor, src: torch.Tensor, mapped: bool) -> None:
+    """Values into a module's tensor, keeping the tensor object: pointed at a mapped file, or copied."""
+    with torch.no_grad():
+        if mapped and t.device.type == "cpu":
+            t.data = src
+        else:
+            t.copy_(src)
 
 
 def _mapped() -> bool:

@@ -12,7 +12,7 @@ import os
 import torch
 
 from ..api import retrying
-from ..errors import DataError, Location
+from ..errors import DataError, Location, key_lists
 from ..model.serialize import flat_keys
 from ..spec.saved import open_saved
 from ..storage.opened import gather
@@ -54,9 +54,7 @@ def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint
     where = Location(path)
     missing, unexpected = sorted(set(own) - set(view)), sorted(set(view) - set(own))
     if missing or (strict and unexpected):
-        parts = [f"{what} key(s) in state_dict: " + ", ".join(f'"{k}"' for k in keys)
-                 for what, keys in (("missing", missing), ("unexpected", unexpected if strict else [])) if keys]
-        raise DataError(f"loading into {type(module).__name__}: " + "; ".join(parts), where)
+        raise DataError(f"loading into {type(module).__name__}: " + key_lists(missing, unexpected if strict else [], " in state_dict"), where)
     for key in sorted(set(own) & set(view)):
         if tuple(own[key].shape) != tuple(view[key].shape):
             raise DataError(
