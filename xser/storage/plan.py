@@ -164,25 +164,17 @@ def _pack(packed: list, shards: int, pieces: list, params: list, previous: Any) 
 
 
 def _file_link(previous: Any, rel: str) -> tuple | None:
-    """The previous checkpoint's container of this name (linked if the new one has the same bytes)."""
+    """The previous checkpoint's file of this name that holds several tensors (a subcollection's safetensors file or
+    a packed container): linked if the new one has the same bytes. Only its own subcollection is searched when the
+    name is inside one."""
     if previous is None:
         return None
-    for entries in previous.subcollections.values():
+    sub, slash, _ = rel.partition("/")
+    for entries in [previous.subcollections.get(sub, {})] if slash else previous.subcollections.values():
         for entry in entries.values():
             for b in entry.blocks:
-                if b.file == rel:
+                if b.file == rel and b.key is not None:
                     return previous, b
-    return None
-
-
-def _bundle_link(previous: Any, sub: str, fmt: str) -> tuple | None:
-    """The previous checkpoint's file of this subcollection in this format (linked if the new one has the same bytes)."""
-    if previous is None:
-        return None
-    for entry in previous.subcollections.get(sub, {}).values():
-        for b in entry.blocks:
-            if b.format == fmt and b.key is not None:
-                return previous, b
     return None
 
 
@@ -227,7 +219,8 @@ def plan_save(
             at = bundles.get((sub, fmt))
             if at is None:
                 at = bundles[(sub, fmt)] = len(pieces)
-                pieces.append(Piece(f"{sub}/params{FORMATS[fmt].suffix}", Bundle({}), fmt, options, _bundle_link(prev, sub, fmt)))
+                rel = f"{sub}/params{FORMATS[fmt].suffix}"
+                pieces.append(Piece(rel, Bundle({}), fmt, options, _file_link(prev, rel)))
             pieces[at].payload.arrays[name] = item
             return PlannedParam(sub, name, dtype, shape, bool(trainable), ((at, None, None, name),))
         if shards is not None and pack and fmt == "npy" and isinstance(item, (np.ndarray, Lazy)):
