@@ -71,14 +71,15 @@ class TestFormats:
         assert np.array_equal(read_angel(tmp_path / "out" / "w")[1], W)
 
     def test_partitions_and_files(self, tmp_path):
-        """Partitions of --block-rows rows; at most 5 per file, files named by their first partition."""
+        """Partitions of --block-rows rows; Angel's halving puts 6 partitions into files of 3 and 3 (not 5 and 1),
+        files named by their first partition."""
         big = np.arange(24, dtype=np.float32).reshape(12, 2)
         leaf = leaf_of({"w": big})
         xser.save(leaf, tmp_path / "m.yaml")
         export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format="value-binary", matrix_name="w", block_rows=2)
-        assert sorted(p.name for p in (tmp_path / "o" / "w").iterdir()) == ["0", "5", "_meta"]
+        assert sorted(p.name for p in (tmp_path / "o" / "w").iterdir()) == ["0", "3", "_meta"]
         meta = json.loads((tmp_path / "o" / "w" / "_meta").read_bytes()[4:])
-        assert [meta["partMetas"][str(k)]["offset"] for k in range(6)] == [0, 16, 32, 48, 64, 0]
+        assert [meta["partMetas"][str(k)]["offset"] for k in range(6)] == [0, 16, 32, 0, 16, 32]
         assert np.array_equal(read_angel(tmp_path / "o" / "w")[1], big)
 
     def test_import_and_tools(self, tmp_path, model):
@@ -96,7 +97,7 @@ class TestFormats:
                  (1234567.0, "1234567.0"), (1e-7, "1.0E-7"), (float("nan"), "NaN"), (float("-inf"), "-Infinity"), (100.0, "100.0")]
         for x, s in cases:
             assert java_string(x, True) == s, x
-        assert java_string(0.1, False) == "0.1" and java_string(2e23, False) == "2.0E23"
+        assert java_string(0.1, False) == "0.1" and java_string(2e23, False) == "1.9999999999999998E23"  # JDK 8: ends excluded
 
     def test_large_offsets(self, tmp_path):
         """Row offsets past 2**31 work (Angel itself read them as int)."""
@@ -205,7 +206,7 @@ def test_any_separator_round_trips(tmp_path, sep, fmt):
 @pytest.mark.parametrize("line, message", [
     ("0,1.0", "2 fields separated by ',', a column id and 2 values expected"),
     ("0,1.0,2.0,3.0", "4 fields separated by ',', a column id and 2 values expected"),
-    ("x,1.0,2.0", "not an integer id: 'x'"),
+    ("x,1.0,2.0", "field 1 is not an integer: 'x'"),
 ])
 def test_text_column_field_counts_are_checked(tmp_path, line, message):
     """A text-column line with missing or extra fields is refused, with its line (it was read as zeros)."""

@@ -172,7 +172,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         written = export_angel(
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
-            sep=args.sep, checkpoint=args.checkpoint,
+            sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file,
         )
     elif args.system == "recis":
         from .interop.recis import export_recis
@@ -297,6 +297,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                    "value-text, colid-value-text, rowid-colid-value-text, binary-column or text-column")
     q.add_argument("--name", help="matrix name (default: the parameter's name)")
     q.add_argument("--block-rows", type=int, help="rows per partition (default: one partition)")
+    q.add_argument("--per-file", type=int, default=5, metavar="N",
+                   help="partitions per data file at most, grouped by halving as Angel's PS does (angel.ps.max.partition.number.single.file; default 5)")
     q.add_argument("--sep", default=",", help="separator of the text formats (Angel's default: ,)")
     q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
     q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")

@@ -26,7 +26,9 @@ from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
 from ..storage.formats.angel_codec import ANGEL_FORMATS as FORMATS
-from ..storage.formats.angel_codec import BY_CLASS, PACKAGE, PARTITIONS_PER_FILE, decode_partition, encode_partition, java_string, row_type
+from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FILE, decode_partition, encode_partition, file_groups,
+                                           hashmap_order, row_type)
+from ..storage.formats.java_text import java_string
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
 
@@ -61,8 +63,14 @@ def export_angel(
     block_rows: int | None = None,
     sep: str = ",",
     checkpoint: int = 0,
+    per_file: int = PARTITIONS_PER_FILE,
 ) -> list[str]:
-    """Write ``param`` (a 2-D float matrix) as an Angel matrix directory ``out_dir/<name>/``."""
+    """Write ``param`` (a 2-D float matrix) as an Angel matrix directory ``out_dir/<name>/``.
+
+    Partitions of ``block_rows`` rows go into files the way Angel's PS groups them (halving the
+    sorted list until a piece has at most ``per_file``, Angel's ``angel.ps.max.partition.number.single.file``),
+    and each partition's ``rowMetas`` are listed in the HashMap order Angel writes.
+    """
     from . import read_param
 
     if format not in FORMATS:
@@ -81,8 +89,10 @@ def export_angel(
     column = format.endswith("column")
     metas: dict[str, Any] = {}
     written = []
-    for f0 in range(0, len(parts), PARTITIONS_PER_FILE):
-        group = parts[f0 : f0 + PARTITIONS_PER_FILE]
+    if per_file < 1:
+        raise DataError(f"per_file must be at least 1, got {per_file}")
+    for g0, g1 in file_groups(len(parts), per_file):
+        group = parts[g0:g1]
         fname = str(group[0][0])
         offset = 0
         with open(os.path.join(target, fname), "wb") as fh:
@@ -93,7 +103,8 @@ def export_angel(
                     "partId": pid, "startRow": r0, "endRow": r1, "startCol": 0, "endCol": cols, "nnz": (r1 - r0) * cols,
                     "saveRowNum": 0 if column else r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
                     "fileName": fname, "offset": offset, "length": len(data),
-                    "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0} for r in range(r0, r1)},
+                    "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0}
+                                 for r in hashmap_order(list(range(r0, r1)), r1 - r0)},
                 }
                 offset += len(data)
         written.append(os.path.join(target, fname))
@@ -230,7 +241,7 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         if len(data) != length:
             raise DataError(f"partition {pid} is truncated: {len(data)} of {length} bytes at offset {offset}", Location(path))
         try:
-            decode_partition(out, pm, data, fmt, vdtype, long_ids, path)
+            decode_partition(out, pm, data, fmt, vdtype, long_ids, path, dense=dense)
         except DataError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, struct.error, AttributeError) as e:

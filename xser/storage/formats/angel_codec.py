@@ -1,18 +1,19 @@
 """Angel's partition codecs: the eight row and column layouts, and Java's number text.
 
 Pure codecs (bytes <-> arrays), used by the weight-format table and by ``xser import/export
-angel``. Layouts from ``shared/research/formats.md`` section 2.
+angel``. Layouts from ``shared/research/formats.md`` section 2; number text from ``java_text``
+(JDK 8's, exactly), written and read as arrays.
 """
 
 from __future__ import annotations
 
-import math
-from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
 
 from ...errors import DataError, Location
+from .java_text import java_string, parse_java
+from .java_vector import decimal6_chars, int_chars, java_chars, join_records
 
 __all__ = ["ANGEL_FORMATS", "BY_CLASS", "PACKAGE", "PARTITIONS_PER_FILE", "decode_partition", "encode_partition", "java_string", "row_type"]
 
@@ -32,6 +33,36 @@ BY_CLASS = {PACKAGE + v: k for k, v in ANGEL_FORMATS.items()}
 PARTITIONS_PER_FILE = 5
 
 
+def file_groups(n: int, per_file: int = PARTITIONS_PER_FILE) -> list[tuple[int, int]]:
+    """How Angel's ``PartitionDiskOp`` splits a PS's sorted partitions into files: halve (at
+    ``(start + end) // 2``) until a piece has at most ``per_file``; each piece is one file."""
+    if n <= 0:
+        return []
+    if n <= per_file:
+        return [(0, n)]
+    mid = n // 2
+    return file_groups(mid, per_file) + [(mid + a, mid + b) for a, b in file_groups(n - mid, per_file)]
+
+
+def hashmap_order(keys: list[int], expected: int) -> list[int]:
+    """Iteration order of a Java ``new HashMap<Integer, V>(expected)`` after putting ``keys`` in order.
+
+    The table is the next power of two of ``expected``, doubled while more keys than 3/4 of it are
+    held; a key's bucket is ``(h ^ (h >>> 16)) & (capacity - 1)``, buckets are visited in order and
+    keys within one in insertion order (resizes keep that order). Angel's ``MatrixPartitionMeta``
+    keeps ``rowMetas`` in such a map, sized by the partition's rows.
+    """
+    cap = 1
+    while cap < max(expected, 1):
+        cap *= 2
+    while len(keys) > int(cap * 0.75):
+        cap *= 2
+    def bucket(k: int) -> int:
+        h = k & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (cap - 1)
+    return [k for _, _, k in sorted((bucket(k), i, k) for i, k in enumerate(keys))]
+
+
 def row_type(rt: int) -> tuple[np.dtype, bool, bool]:
     """(value dtype, long column ids, dense) of an Angel RowType number."""
     if not 0 <= rt <= 27:
@@ -39,48 +70,6 @@ def row_type(rt: int) -> tuple[np.dtype, bool, bool]:
     group, kind = divmod(rt, 7)
     value = [np.dtype(">f8"), np.dtype(">f4"), np.dtype(">i8"), np.dtype(">i4")][group]
     return value, kind in (2, 5, 6), kind in (0, 1, 2)
-
-
-# ---------------------------------------------------------------- Java number text
-
-
-def java_string(x: float, is_float: bool) -> str:
-    """Java's ``Float.toString`` / ``Double.toString`` (shortest digits, as JDK 19 and later)."""
-    if x != x:
-        return "NaN"
-    if x in (float("inf"), float("-inf")):
-        return "Infinity" if x > 0 else "-Infinity"
-    if x == 0:
-        return "-0.0" if np.signbit(x) else "0.0"
-    v = np.float32(x) if is_float else np.float64(x)
-    sci = np.format_float_scientific(v, unique=True, trim="-", exp_digits=1)
-    sign = "-" if sci.startswith("-") else ""
-    mant, exp = sci.lstrip("-").split("e")
-    digits, e = mant.replace(".", ""), int(exp)
-    if 1e-3 <= abs(float(v)) < 1e7:
-        if e >= 0:
-            whole = digits[: e + 1].ljust(e + 1, "0")
-            frac = digits[e + 1 :] or "0"
-        else:
-            whole, frac = "0", "0" * (-e - 1) + digits
-        return f"{sign}{whole}.{frac}"
-    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{e}"
-
-
-def _decimal6(x: float) -> str:
-    """``DecimalFormat("#.######")``: at most 6 decimals, half-even, no exponent, '-0' kept."""
-    if not math.isfinite(x):
-        raise ValueError(f"{x!r} has no #.###### form")
-    try:
-        d = Decimal(repr(float(x))).quantize(Decimal("0.000001"), rounding=ROUND_HALF_EVEN)
-    except InvalidOperation:
-        raise ValueError(f"{x!r} is too large for #.######") from None
-    text = format(d, "f").rstrip("0").rstrip(".")
-    return "-0" if text in ("-0", "-") or (text == "0" and d.is_signed()) else text
-
-
-def _value_text(x: float, is_float: bool, decimal: bool) -> str:
-    return _decimal6(x) if decimal and not is_float else java_string(x, is_float)
 
 
 # ---------------------------------------------------------------- writing
@@ -96,9 +85,9 @@ def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str
             rec["c"] = np.arange(c0, c0 + cols)
             rec["v"] = part.T
             return rec.tobytes()
-        return "".join(
-            sep.join([str(c0 + j)] + [java_string(v, is_float) for v in part[:, j].tolist()]) + "\n" for j in range(cols)
-        ).encode("latin-1")
+        ids = int_chars(np.arange(c0, c0 + cols))
+        vals = java_chars(part.T, is_float)  # column by column, one value per row
+        return join_records([ids, (vals[0].reshape(cols, rows, -1), vals[1].reshape(cols, rows))], sep.encode("latin-1"))
     if fmt.endswith("binary"):  # one record per value, row by row; vectorised as a structured array
         fields = {"value-binary": [], "colid-value-binary": [("c", ">i4")], "rowid-colid-value-binary": [("r", ">i4"), ("c", ">i4")]}[fmt]
         rec = np.empty((rows, cols), np.dtype(fields + [("v", vfmt)]))
@@ -108,20 +97,18 @@ def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str
             rec["r"] = np.arange(r0, r0 + rows)[:, None]
         rec["v"] = part
         return rec.tobytes()
-    lines = []
-    for i in range(rows):
-        for j in range(cols):
-            v = float(part[i, j])
-            if fmt == "value-text":
-                lines.append(java_string(v, is_float))
-            elif fmt == "colid-value-text":
-                lines.append(f"{c0 + j}{sep}{java_string(v, is_float)}")
-            else:
-                lines.append(f"{r0 + i}{sep}{c0 + j}{sep}{_value_text(v, is_float, True)}")
-    return ("\n".join(lines) + "\n").encode("latin-1") if lines else b""
+    if part.size == 0:
+        return b""
+    values = decimal6_chars(part) if fmt == "rowid-colid-value-text" and not is_float else java_chars(part, is_float)
+    fields = [values]
+    if fmt != "value-text":
+        fields.insert(0, int_chars(np.tile(np.arange(c0, c0 + cols), rows)))
+    if fmt == "rowid-colid-value-text":
+        fields.insert(0, int_chars(np.repeat(np.arange(r0, r0 + rows), cols)))
+    return join_records(fields, sep.encode("latin-1"))
 
 
-_NUMBER_CHARS = frozenset("0123456789+-.eEInfityNa")
+_NUMBER_CHARS = frozenset("0123456789+-.eEInfityNa\xfd\x1e")  # \xfd, \x1e: JDK 8 DecimalFormat NaN, infinity
 
 
 def detect_sep(line: str) -> str:
@@ -130,16 +117,20 @@ def detect_sep(line: str) -> str:
 
 
 def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str,
-                     sep: str | None = None) -> None:
+                     sep: str | None = None, dense: bool = True) -> None:
+    """Put one partition's values into ``out``.
+
+    Rows without row ids in the data come in storage order: ascending with Angel's dense row storage
+    (``dense``: a dense rowType; ``rowMetas`` is then in HashMap order, which Angel itself misreads),
+    ``rowMetas`` order otherwise (a sparse rowType's map storage writes rows as it lists them). Column
+    formats sort their rows by id.
+    """
     r0, c0 = int(pm["startRow"]), int(pm["startCol"])
-    rows_meta = sorted(pm.get("rowMetas", {}).values(), key=lambda m: int(m["rowId"]))
+    rows_meta = list(pm.get("rowMetas", {}).values())
+    if dense or fmt.endswith("column"):
+        rows_meta.sort(key=lambda m: int(m["rowId"]))
     idt = ">i8" if long_ids else ">i4"
     where = Location(path, path=f"partition {pm['partId']}")
-
-    def put(r: int, c: int, v: float) -> None:
-        if not (0 <= r < out.shape[0] and 0 <= c < out.shape[1]):
-            raise DataError(f"element ({r}, {c}) is outside the {out.shape[0]}x{out.shape[1]} matrix", where)
-        out[r, c] = v
 
     if fmt.endswith("binary") or fmt == "binary-column":
         rec = {"value-binary": [("v", vdtype)], "colid-value-binary": [("c", idt), ("v", vdtype)],
@@ -178,31 +169,72 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
             c = c0 + np.concatenate([np.arange(n) for _, n in counts]) if counts else np.empty(0, np.int64)
         place(r, c, recs["v"], out, where)
         return
-    text = data.decode("latin-1")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
     if sep is None:
-        sep = detect_sep(lines[0]) if lines else ","
-    parse = _parse_int if vdtype.kind in "iu" else _parse_value  # int64 values beyond 2^53 stay exact
+        first = data[: data.find(b"\n")] if b"\n" in data else data
+        sep = detect_sep(first.decode("latin-1"))
     if fmt == "text-column":
-        row_ids = [int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0))))
-        for k, line in enumerate(lines):
-            f = line.split(sep)
-            if len(f) != 1 + len(row_ids):
-                raise DataError(f"{len(f)} fields separated by {sep!r}, a column id and {len(row_ids)} values expected",
-                                Location(path, k + 1))
-            for r, v in zip(row_ids, f[1:]):
-                put(r, _parse_int(f[0], path, k + 1), parse(v, path, k + 1))
+        row_ids = np.array([int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0)))), np.int64)
+        table = _fields(data, sep, 1 + len(row_ids), path, f"a column id and {len(row_ids)} values")
+        cols = _column(table[:, 0], np.dtype(np.int64), path, 0)
+        vals = np.stack([_column(table[:, 1 + k], vdtype, path, 1 + k) for k in range(len(row_ids))], axis=1) if len(row_ids) else \
+            np.empty((len(cols), 0), vdtype)
+        place(np.repeat(row_ids[None, :], len(cols), 0).reshape(-1), np.repeat(cols, len(row_ids)), vals.reshape(-1), out, where)
         return
-    fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
-    recs = []
-    for k, line in enumerate(lines):
-        f = line.split(sep)
-        if len(f) != fields:
-            raise DataError(f"{len(f)} fields separated by {sep!r}, {fields} expected", Location(path, k + 1))
-        recs.append(tuple(f))
-    _place_row_records(recs, rows_meta, fmt, r0, c0, put, where, text_path=path, parse=parse)
+    n_fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
+    table = _fields(data, sep, n_fields, path, str(n_fields))
+    counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
+    if sum(n for _, n in counts) != len(table):
+        raise DataError(f"{len(table)} records, the row metadata says {sum(n for _, n in counts)}", where)
+    v = _column(table[:, -1], vdtype, path, n_fields - 1)
+    if fmt == "rowid-colid-value-text":
+        r = _column(table[:, 0], np.dtype(np.int64), path, 0)
+    else:
+        r = np.repeat(np.array([row for row, _ in counts], np.int64), [n for _, n in counts])
+    if fmt == "value-text":  # the columns follow each row's start
+        c = c0 + np.concatenate([np.arange(n) for _, n in counts]) if counts else np.empty(0, np.int64)
+    else:
+        c = _column(table[:, -2], np.dtype(np.int64), path, n_fields - 2)
+    place(r, c, v, out, where)
+
+
+def _fields(data: bytes, sep: str, n: int, path: str, expected: str) -> np.ndarray:
+    """The lines of ``data`` split at ``sep`` into an (lines, n) array of byte strings; wrong field counts are errors."""
+    if not data:
+        return np.empty((0, n), "S1")
+    body = data[:-1] if data.endswith(b"\n") else data
+    raw = np.frombuffer(body, np.uint8)
+    sep_b = sep.encode("latin-1")
+    newline = np.flatnonzero(raw == 10)
+    if len(sep_b) == 1:
+        seps = np.concatenate([[0], np.cumsum(raw == sep_b[0])])
+        ends = np.concatenate([newline, [raw.size]])
+        per_line = np.diff(np.concatenate([[0], seps[ends]])) + 1
+    else:
+        per_line = np.array([line.count(sep_b) + 1 for line in body.split(b"\n")])
+    bad = np.flatnonzero(per_line != n)
+    if bad.size:
+        k = int(bad[0])
+        raise DataError(f"{int(per_line[k])} fields separated by {sep!r}, {expected} expected", Location(path, k + 1))
+    tokens = body.replace(b"\n", sep_b).split(sep_b) if n > 1 else body.split(b"\n")
+    return np.array(tokens, dtype=object).reshape(-1, n)
+
+
+def _column(tokens: np.ndarray, dtype: np.dtype, path: str, field: int) -> np.ndarray:
+    """One field of every line as numbers: numpy's parser, then Java's names of NaN and infinity, then the line at fault."""
+    native = dtype.newbyteorder("=")
+    try:
+        return tokens.astype(bytes).astype(native) if tokens.size else np.empty(0, native)
+    except (ValueError, OverflowError):
+        pass
+    out = np.empty(tokens.size, native)
+    for k, tok in enumerate(tokens.tolist()):
+        text = tok.decode("latin-1")
+        try:
+            out[k] = int(text) if native.kind in "iu" else parse_java(text)
+        except (ValueError, OverflowError):
+            what = "an integer" if native.kind in "iu" else "a number"
+            raise DataError(f"field {field + 1} is not {what}: {text!r}", Location(path, k + 1)) from None
+    return out
 
 
 def _is_range(ids: np.ndarray, n: int) -> bool:
@@ -232,39 +264,3 @@ def place(r: np.ndarray, c: np.ndarray, v: np.ndarray, out: np.ndarray, where: A
             i = int(np.flatnonzero(bad)[0])
             raise DataError(f"element ({int(r[i])}, {int(c[i])}) is outside the {out.shape[0]}x{out.shape[1]} matrix", where)
         out[r, c] = v
-
-
-def _parse_int(text: str, path: str, line: int) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise DataError(f"not an integer id: {text!r}", Location(path, line)) from None
-
-
-def _parse_value(text: str, path: str, line: int) -> float:
-    try:
-        return float(text.replace("Infinity", "inf"))
-    except ValueError:
-        raise DataError(f"not a number: {text!r}", Location(path, line)) from None
-
-
-def _place_row_records(recs: Any, rows_meta: list, fmt: str, r0: int, c0: int, put: Any, where: Any, text_path: str | None = None,
-                       parse: Any = None) -> None:
-    k = 0
-    counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
-    total = sum(n for _, n in counts)
-    if total != len(recs):
-        raise DataError(f"{len(recs)} records, the row metadata says {total}", where)
-    for row, n in counts:
-        for i in range(n):
-            rec = recs[k]
-            if fmt.startswith("value"):
-                v, r, c = rec[0], row, c0 + i
-            elif fmt.startswith("colid"):
-                c, v, r = rec[0], rec[1], row
-            else:
-                r, c, v = rec[0], rec[1], rec[2]
-            if text_path is not None:
-                r, c, v = _parse_int(str(r), text_path, k + 1), _parse_int(str(c), text_path, k + 1), (parse or _parse_value)(str(v), text_path, k + 1)
-            put(int(r), int(c), v)
-            k += 1

@@ -74,16 +74,25 @@ def int_chars(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def join_records(fields: list[tuple[np.ndarray, np.ndarray]], sep: bytes) -> bytes:
-    """Records of text fields (each (n, width) chars and lengths) joined by ``sep``, one line each."""
+    """Lines of text fields joined by ``sep``: each field is (n, width) chars and (n,) lengths, or
+    (n, k, width) and (n, k) for k fields in a row (a line of a column format)."""
+    if not fields or fields[0][0].shape[0] == 0:
+        return b""
     n = fields[0][0].shape[0]
     sep_col = np.frombuffer(sep, np.uint8)
     blocks, masks = [], []
-    for k, (chars, lengths) in enumerate(fields):
-        if k:
-            blocks.append(np.broadcast_to(sep_col, (n, sep_col.size)))
-            masks.append(np.ones((n, sep_col.size), bool))
-        blocks.append(chars)
-        masks.append(np.arange(chars.shape[1])[None, :] < lengths[:, None])
+    for chars, lengths in fields:
+        if chars.ndim == 2:
+            chars, lengths = chars[:, None, :], lengths[:, None]
+        k, width = chars.shape[1], chars.shape[2]
+        block = np.empty((n, k, width + sep_col.size), np.uint8)
+        block[:, :, :width] = chars
+        block[:, :, width:] = sep_col
+        mask = np.ones(block.shape, bool)
+        mask[:, :, :width] = np.arange(width)[None, None, :] < lengths[:, :, None]
+        blocks.append(block.reshape(n, -1))
+        masks.append(mask.reshape(n, -1))
+    masks[-1][:, -sep_col.size :] = False  # no separator after the last field
     blocks.append(np.full((n, 1), 10, np.uint8))
     masks.append(np.ones((n, 1), bool))
     return np.concatenate(blocks, axis=1)[np.concatenate(masks, axis=1)].tobytes()
