@@ -451,3 +451,106 @@ def test_removed_tells_pruning_from_rotation(tmp_path):
         assert d.removed()
         shutil.rmtree(path + ".data.old-1-abc")
         assert d.removed()
+
+
+# ---------------------------------------------------------------- resume and best checkpoint
+
+
+def _train(lin: Linear, state: dict, step: int) -> float:
+    """One deterministic 'update': W moves, the optimizer state counts; returns a dev score."""
+    lin.W += np.float32(0.5) * state["m"]
+    state["m"] = state["m"] * np.float32(0.9) + np.float32(step)
+    return float(np.sin(step))
+
+
+def _run(path: Path, stop_at: int | None, total: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """The README loop: start or resume, train, checkpoint with metrics, maybe stop early."""
+    got = xser.resume(path)
+    if got is None:
+        lin, state, first = Linear(3, 2), {"m": np.ones((2, 3), np.float32)}, 1
+        lin.W[...] = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    else:
+        lin, state, first = got.model, got.training_state, got.step + 1
+    with xser.CheckpointSaver(path, keep=3) as saver:
+        for step in range(first, total + 1):
+            dev = _train(lin, state, step)
+            saver.save(lin, step=step, metrics={"dev": dev}, training_state=state)
+            if step == stop_at:
+                break
+    return lin.W.copy(), state["m"].copy()
+
+
+@pytest.mark.parametrize("stops", [[3], [1, 5], [2, 3, 7]])
+def test_resume_equals_an_uninterrupted_run(tmp_path, stops):
+    once = _run(tmp_path / "a" / "m.yaml", None)
+    for stop in stops:
+        _run(tmp_path / "b" / "m.yaml", stop)
+    again = _run(tmp_path / "b" / "m.yaml", None)
+    assert bit_equal(once[0], again[0]) and bit_equal(once[1], again[1])
+    assert [c.step for c in xser.checkpoints(tmp_path / "b" / "m.yaml")] == [8, 7, 6]
+
+
+def test_resume_returns_none_only_when_nothing_was_saved(tmp_path):
+    assert xser.resume(tmp_path / "m.yaml") is None
+    assert xser.resume(tmp_path / "no" / "dir" / "m.yaml") is None
+    (tmp_path / "m.yaml").write_text("x: 1\n")
+    with pytest.raises(xser.XserError):
+        xser.resume(tmp_path / "m.yaml")  # a file there, not a saved model: never a silent fresh start
+
+
+def test_resume_gives_the_checkpoint_it_read(tmp_path):
+    path = tmp_path / "m.yaml"
+    lin = Linear(2, 2)
+    with xser.CheckpointSaver(path, keep=5) as saver:
+        for step, dev in enumerate([0.1, 0.9, 0.3], 1):
+            lin.W[...] = step
+            saver.save(lin, step=step, metrics={"dev": dev}, training_state={"step": step})
+    got = xser.resume(path, checkpoint="best", metric="dev")
+    assert (got.step, got.training_state, got.checkpoint.index, got.checkpoint.metrics) == (2, {"step": 2}, 1, {"dev": 0.9})
+    assert np.all(got.model.W == 2)
+    assert xser.resume(path).step == 3
+
+
+def _scored(tmp_path, devs):
+    path = tmp_path / "m.yaml"
+    lin = Linear(2, 2)
+    with xser.CheckpointSaver(path, keep=len(devs)) as saver:
+        for step, dev in enumerate(devs, 1):
+            lin.W[...] = step
+            saver.save(lin, step=step, metrics={} if dev is None else {"dev": dev}, training_state={"s": step})
+    return path
+
+
+@pytest.mark.parametrize("devs, mode, step", [
+    ([0.1, 0.9, 0.3], "max", 2), ([0.1, 0.9, 0.3], "min", 1), ([0.5, float("nan"), 0.2], "max", 1),
+    ([None, 0.4, None], "min", 2), ([0.7, 0.7, 0.1], "max", 2),  # ties go to the newer
+])
+def test_best_checkpoint_everywhere(tmp_path, devs, mode, step):
+    path = _scored(tmp_path, devs)
+    kw = {"checkpoint": "best", "metric": "dev", "mode": mode}
+    assert np.all(xser.load(path, **kw).W == step)
+    (sub,) = xser.read_params(path, **kw).values()
+    assert np.all(sub["W"] == step)
+    assert xser.load_training_state(path, **kw) == {"s": step}
+    lin = xser.load(path)
+    xser.load_into(lin, path, **kw)
+    assert np.all(lin.W == step)
+    assert np.all(xser.load(path, checkpoint=xser.Best("dev", mode)).W == step)
+    assert np.all(xser.load(path, checkpoint="last").W == len(devs))
+
+
+BEST_ERRORS = [
+    ({"checkpoint": "best"}, 'checkpoint="best" needs metric= (the metric recorded with the checkpoints, e.g. metric="dev_bleu")'),
+    ({"checkpoint": 0, "metric": "dev"}, 'metric= only applies to checkpoint="best" (got checkpoint=0)'),
+    ({"checkpoint": "newest"}, 'checkpoint must be an int >= 0, "last" or "best" (with metric=), got \'newest\''),
+    ({"checkpoint": "best", "metric": "dev", "mode": "up"}, "mode must be 'max' or 'min', got 'up'"),
+    ({"checkpoint": "best", "metric": "deev"}, "no checkpoint records a number for metric 'deev' (recorded: dev); did you mean 'dev'?"),
+]
+
+
+@pytest.mark.parametrize("kw, message", BEST_ERRORS)
+def test_checkpoint_selection_errors(tmp_path, kw, message):
+    path = _scored(tmp_path, [0.1, 0.2])
+    with pytest.raises(xser.CheckpointError) as info:
+        xser.load(path, **kw)
+    assert str(info.value).endswith(message)

@@ -211,3 +211,31 @@ class TestCleanFailures:
         xser.save(Norm(3), "n.yaml")
         assert main(["export", "xnmt", "n.yaml", "out.mod"]) == 1
         assert "DyNet (XNMT) holds float32 arrays of at least one dimension" in capsys.readouterr().err
+
+
+def _scored_model(tmp_path):
+    lin = Linear(2, 2)
+    with xser.CheckpointSaver(tmp_path / "m.yaml", keep=5) as saver:
+        for step, dev in enumerate([0.1, 0.9, 0.3], 1):
+            lin.W[...] = step
+            saver.save(lin, step=step, metrics={"dev": dev})
+    return tmp_path / "m.yaml"
+
+
+@pytest.mark.parametrize("which, step", [("best:dev", 2), ("best:dev:min", 1), ("last", 3), ("2", 1)])
+def test_checkpoint_selection_on_the_command_line(tmp_path, which, step):
+    path = _scored_model(tmp_path)
+    assert main(["convert", str(path), "--out", str(tmp_path / "c.yaml"), "--checkpoint", which]) == 0
+    assert (xser.load(tmp_path / "c.yaml").W == step).all()
+
+
+@pytest.mark.parametrize("which, message", [
+    ("best:dev:up", "argument --checkpoint: mode must be 'max' or 'min', got 'up'"),
+    ("-1", "argument --checkpoint: expected K (0 = newest), last or best:METRIC[:max|min], got '-1'"),
+    ("best:", "argument --checkpoint: metric must be a metric name, got ''"),
+])
+def test_checkpoint_selection_usage_errors(tmp_path, capsys, which, message):
+    path = _scored_model(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["convert", str(path), "--out", str(tmp_path / "c.yaml"), "--checkpoint", which])
+    assert info.value.code == 2 and capsys.readouterr().err.strip().endswith(message)

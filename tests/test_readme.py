@@ -30,6 +30,7 @@ def test_tour_runs(tmp_path):
         "\nassert [c.step for c in xser.checkpoints('out/model.yaml')] == [10, 9, 8]"
         "\nassert state == {'step': 10, 'lr': 0.1}"
         "\nassert rows.shape == (4, 4) and part.W.shape == (4, 4)"
+        "\nassert xser.resume('out/run.yaml', checkpoint='best', metric='bleu').step == 4"
         "\nprint('tour ok')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)

@@ -15,7 +15,10 @@ from .api import load as load
 from .api import load_config as load_config
 from .api import load_into as load_into
 from .api import load_training_state as load_training_state
+from .api import Best as Best
+from .api import Resumed as Resumed
 from .api import read_params as read_params
+from .api import resume as resume
 from .api import save as save
 from .checkpoints.partial import PartialSaver as PartialSaver
 from .checkpoints.policy import KeepBest as KeepBest
@@ -47,6 +50,7 @@ from .storage.listing import checkpoints as checkpoints
 from .tools.ensemble import Ensemble as Ensemble
 
 __all__ = [
+    "Best",
     "Checkpoint",
     "CheckpointError",
     "CheckpointReader",
@@ -76,6 +80,8 @@ __all__ = [
     "load_training_state",
     "params",
     "read_params",
+    "resume",
+    "Resumed",
     "register_format",
     "save",
     "serializable",

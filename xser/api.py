@@ -1,4 +1,4 @@
-"""The public verbs: ``load_config``, ``build``, ``save``, ``load``, ``read_params``, ``load_training_state``.
+"""The public verbs: ``load_config``, ``build``, ``save``, ``load``, ``resume``, ``read_params``, ``load_training_state``.
 
 Readers open one checkpoint (a directory descriptor plus its manifest) and read its spec and
 files through it, so a saver rotating checkpoints in another process never gives them a mix
@@ -9,6 +9,8 @@ from the model's name a few times before giving up with a ``CheckpointError``.
 from __future__ import annotations
 
 import os
+
+import attrs
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,10 +23,11 @@ from .model.serialize import subcols_by_path, to_tree
 from .spec import read
 from .spec.saved import is_saved, open_saved
 from .storage import training_state
-from .storage.listing import open_checkpoint
+from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, selector
+from .storage.listing import checkpoints as list_checkpoints
 from .storage.opened import CheckpointVanished, gather
 
-__all__ = ["build", "load", "load_config", "load_into", "load_training_state", "read_params", "save"]
+__all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
 T = TypeVar("T")
 #: times a reader starts over when the checkpoint it reads is pruned under it
@@ -119,7 +122,9 @@ def load(
     mmap: bool = False,
     strict: bool = True,
     verify: bool = False,
-    checkpoint: int = 0,
+    checkpoint: int | str | Best = 0,
+    metric: str | None = None,
+    mode: str = "max",
     rows: dict | None = None,
     device: Any = None,
     tables: dict | None = None,
@@ -130,7 +135,9 @@ def load(
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
     every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``)
-    with the spec it was saved with.
+    with the spec it was saved with; ``checkpoint="last"`` is the newest, ``checkpoint="best",
+    metric="dev_bleu", mode="max"`` the one with the best recorded metric (the ranking ``KeepBest`` uses:
+    missing or NaN values never count, ties go to the newer).
     ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
     component then holds a partial array: its first dimension is ``stop - first``).
     ``device`` (torch components): where their tensors go after they are read (default: the CPU).
@@ -138,6 +145,7 @@ def load(
     (the ids given, or those with ``id % size`` in ``[begin, end)``: RecIS's resharding rule).
     """
     path = os.fspath(path)
+    checkpoint = selector(checkpoint, metric, mode, path)
 
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
@@ -147,7 +155,8 @@ def load(
     return retrying(path, once)
 
 
-def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict: bool = True, verify: bool = False) -> None:
+def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
+              strict: bool = True, verify: bool = False) -> None:
     """Fill the parameters of an object already built (``obj``) in place from a saved model.
 
     Components are matched by their place in the object graph (``model.encoder``), parameters by
@@ -156,6 +165,7 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int = 0, strict:
     so is one the checkpoint has and the object lacks. Both are listed, sorted, with the file.
     """
     path = os.fspath(path)
+    checkpoint = selector(checkpoint, metric, mode, path)
     _, live = to_tree(obj)
 
     def once() -> None:
@@ -191,15 +201,19 @@ def read_params(
     *,
     mmap: bool = False,
     verify: bool = False,
-    checkpoint: int = 0,
+    checkpoint: int | str | Best = 0,
+    metric: str | None = None,
+    mode: str = "max",
     rows: dict | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{subcollection: {param: array}}`` of a saved model, without building objects.
 
     ``rows={"subcol/param": (first, stop)}`` reads only those rows of those parameters: only
-    the blocks that overlap them, and inside each only their bytes.
+    the blocks that overlap them, and inside each only their bytes. ``checkpoint``, ``metric`` and
+    ``mode`` select a checkpoint as for ``load``.
     """
     path = os.fspath(path)
+    checkpoint = selector(checkpoint, metric, mode, path)
 
     def once() -> Any:
         with open_checkpoint(path, checkpoint) as data:
@@ -208,17 +222,68 @@ def read_params(
     return retrying(path, once)
 
 
-def load_training_state(path: str | os.PathLike, *, checkpoint: int = 0, mmap: bool = False) -> Any:
+def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
+                        mmap: bool = False) -> Any:
     """The ``training_state`` saved with a checkpoint: arrays back as numpy arrays, tensors as tensors (on the CPU)."""
     path = os.fspath(path)
+    checkpoint = selector(checkpoint, metric, mode, path)
 
     def once() -> Any:
         with open_checkpoint(path, checkpoint) as data:
             if data.manifest.state is None:
                 raise CheckpointError("this checkpoint was saved without training_state", Location(data.path))
-            futs = data.read_many(data.manifest.state_entries.values(), mmap=mmap)
-            arrays = gather(futs, {"training_state": {}})["training_state"]
-            return training_state.decode(data.manifest.state, arrays, array_kind)
+            return _state_of(data, mmap)
+
+    return retrying(path, once)
+
+
+def _state_of(data: Any, mmap: bool) -> Any:
+    futs = data.read_many(data.manifest.state_entries.values(), mmap=mmap)
+    arrays = gather(futs, {"training_state": {}})["training_state"]
+    return training_state.decode(data.manifest.state, arrays, array_kind)
+
+
+@attrs.frozen
+class Resumed:
+    """What ``resume`` gives back: the model, its training state (None if saved without), the step and the checkpoint."""
+
+    model: Any
+    training_state: Any
+    step: int | None
+    checkpoint: Checkpoint
+
+
+def resume(
+    path: str | os.PathLike,
+    *,
+    checkpoint: int | str | Best = "last",
+    metric: str | None = None,
+    mode: str = "max",
+    mmap: bool = False,
+    verify: bool = False,
+    device: Any = None,
+) -> Resumed | None:
+    """Continue a run: the saved model, its ``training_state``, step and checkpoint record, all from one
+    checkpoint (the newest by default; see ``load`` for ``checkpoint``, ``metric``, ``mode``); ``None``
+    if nothing was saved at ``path`` yet (start fresh).
+
+    Nothing saved means neither the spec file nor any checkpoint exists; a spec file without data,
+    or damaged data, is an error as for ``load``, never a silent fresh start.
+    """
+    path = os.fspath(path)
+    checkpoint = selector(checkpoint, metric, mode, path)
+    if not os.path.lexists(path) and not checkpoints_exist(path):
+        return None
+
+    def once() -> Resumed:
+        with open_saved(path, checkpoint) as saved:
+            data = saved.data
+            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, data)
+            model = build_spec(spec, mmap=mmap, verify=verify, device=device)
+            state = _state_of(data, mmap) if data.manifest.state is not None else None
+            record = checkpoint_record(data)
+        index = next((c.index for c in list_checkpoints(path) if c.id is not None and c.id == record.id), 0)
+        return Resumed(model, state, record.step, attrs.evolve(record, index=index))
 
     return retrying(path, once)
 

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from ._version import __version__
 from .errors import XserError
@@ -60,6 +61,27 @@ def _progress(total: int, desc: str):
         return None, None
     bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
     return bar.update, bar
+
+
+def _which(text: str) -> Any:
+    """--checkpoint: K (0 = newest), last, or best:METRIC[:max|min]."""
+    from .storage.listing import Best
+
+    if text == "last":
+        return 0
+    if text.startswith("best:"):
+        metric, _, mode = text[5:].partition(":")
+        try:
+            return Best(metric, mode or "max")
+        except XserError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"expected K (0 = newest), last or best:METRIC[:max|min], got {text!r}")
+    return k
 
 
 def _int_list(text: str) -> list[int]:
@@ -208,7 +230,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model spec, e.g. out/model.yaml")
     p.add_argument("--verify", action="store_true", help="check every file against its checksum")
-    p.add_argument("--checkpoint", type=int, default=0, metavar="K", help="show checkpoint K (0 = newest)")
+    p.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="show checkpoint K (0 = newest); last; or the best by a recorded metric")
 
 
 def _avg_args(p: argparse.ArgumentParser) -> None:
@@ -233,7 +255,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model")
     p.add_argument("--out", required=True, help="the new model's spec path (with --all: OUT.0.yaml, OUT.1.yaml, ...)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--checkpoint", type=int, default=0, metavar="K", help="the checkpoint to convert (0 = newest)")
+    which.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="the checkpoint to convert (0 = newest); last; or the best by a recorded metric")
     which.add_argument("--all", action="store_true", help="convert every checkpoint")
     p.add_argument("--keep-training-state", action="store_true", help="keep the checkpoint's training_state (dropped by default)")
     p.add_argument("--force", action="store_true", help="replace outputs that exist")
@@ -288,7 +310,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
     q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
     q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
-    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
@@ -300,7 +322,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--per-file", type=int, default=5, metavar="N",
                    help="partitions per data file at most, grouped by halving as Angel's PS does (angel.ps.max.partition.number.single.file; default 5)")
     q.add_argument("--sep", default=",", help="separator of the text formats (Angel's default: ,)")
-    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
@@ -310,13 +332,13 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
     q.add_argument("--shards", type=int, default=1, help="RecIS's number of shards (GPUs): ids split by id %% 65536")
     q.add_argument("--parallel", type=int, default=4, help="writer threads per shard (files per shard, at most)")
-    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
     q.add_argument("--max-shard-size", metavar="SIZE", help="write shards of at most SIZE (5GB, 500MB, 2GiB) and model.safetensors.index.json")
-    q.add_argument("--checkpoint", type=int, default=0, metavar="K", help="export checkpoint K (0 = newest)")
+    q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--no-verify", action="store_true", help="skip checking the checkpoint's checksums")
 

@@ -1,7 +1,7 @@
 """Retention policies: pure functions from a list of checkpoints to the indices to keep.
 
-``best_n`` is the one implementation of "the best N by a metric"; retention (``KeepBest``) and
-``xser avg --best`` both use it, and both ignore checkpoints whose score is missing, not a
+``best_n`` (in ``storage.listing``) is the one implementation of "the best N by a metric"; retention
+(``KeepBest``), ``xser avg --best`` and ``checkpoint="best"`` all use it, and both ignore checkpoints whose score is missing, not a
 number, or NaN.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import attrs
 
 from ..errors import CheckpointError
-from ..storage.listing import Checkpoint
+from ..storage.listing import Checkpoint, best_n, score
 
 __all__ = ["AnyOf", "KeepBest", "KeepEvery", "KeepLast", "Policy", "as_policy", "best_n", "retain", "score"]
 
@@ -22,24 +22,6 @@ class Policy(Protocol):
     def keep(self, ckpts: Sequence[Checkpoint]) -> set[int]:
         """Indices (into ``ckpts``, newest first) this policy wants kept."""
         ...
-
-
-def score(ck: Checkpoint, metric: str) -> float | None:
-    """The checkpoint's value of ``metric`` if it is a real number (not NaN), else None."""
-    v = ck.metrics.get(metric)
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-        return float(v)
-    return None
-
-
-def best_n(ckpts: Sequence[Checkpoint], n: int, metric: str, mode: str = "max") -> list[int]:
-    """Indices of the ``n`` best checkpoints by ``metric`` (ties go to the newer), newest first."""
-    if mode not in ("max", "min"):
-        raise CheckpointError(f"mode must be 'max' or 'min', got {mode!r}")
-    scored = [(s, i) for i, c in enumerate(ckpts) if (s := score(c, metric)) is not None]
-    sign = -1 if mode == "max" else 1
-    scored.sort(key=lambda t: (sign * t[0], t[1]))
-    return sorted(i for _, i in scored[:n])
 
 
 def _count(self: Any, attribute: Any, value: Any) -> None:

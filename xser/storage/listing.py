@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ..errors import CheckpointError, DataError, Location
+from ..errors import CheckpointError, DataError, Location, did_you_mean
 from .layout import data_dir_of, slot_names
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
 
-__all__ = ["Checkpoint", "Scan", "checkpoints", "open_checkpoint", "scan"]
+__all__ = ["Best", "Checkpoint", "Scan", "best_n", "checkpoints", "open_checkpoint", "scan", "score", "selector"]
 
 ATTEMPTS = 200  # listings retried until stable; a rotation step takes microseconds to milliseconds
 
@@ -145,6 +146,16 @@ def _stable(spec_path: str, slots: list[tuple[int, str]], opened: list[tuple[int
     return True
 
 
+def checkpoint_record(d: OpenedDir) -> Checkpoint:
+    """The listing record of one opened checkpoint (its index is unknown here: 0)."""
+    return _record(0, d)
+
+
+def checkpoints_exist(path: str | os.PathLike) -> bool:
+    """Whether any data slot (``.data``, ``.data.1``, ...) exists for the model at ``path``."""
+    return bool(slot_names(os.fspath(path)))
+
+
 def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
     """The checkpoints of a saved model, newest first, with step, time and metrics.
 
@@ -155,16 +166,65 @@ def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
         return s.checkpoints
 
 
-def check_index(path: str, checkpoint: Any) -> int:
+def score(ck: Checkpoint, metric: str) -> float | None:
+    """The checkpoint's value of ``metric`` if it is a real number (not NaN), else None."""
+    v = ck.metrics.get(metric)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+        return float(v)
+    return None
+
+
+def best_n(ckpts: Sequence[Checkpoint], n: int, metric: str, mode: str = "max") -> list[int]:
+    """Indices of the ``n`` best checkpoints by ``metric`` (ties go to the newer), newest first."""
+    if mode not in ("max", "min"):
+        raise CheckpointError(f"mode must be 'max' or 'min', got {mode!r}")
+    scored = [(s, i) for i, c in enumerate(ckpts) if (s := score(c, metric)) is not None]
+    sign = -1 if mode == "max" else 1
+    scored.sort(key=lambda t: (sign * t[0], t[1]))
+    return sorted(i for _, i in scored[:n])
+
+
+@attrs.frozen
+class Best:
+    """Select the checkpoint with the best ``metric`` (``mode`` ``"max"`` or ``"min"``; ties go to the newer)."""
+
+    metric: str
+    mode: str = "max"
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.metric, str) or not self.metric:
+            raise CheckpointError(f"metric must be a metric name, got {self.metric!r}")
+        if self.mode not in ("max", "min"):
+            raise CheckpointError(f"mode must be 'max' or 'min', got {self.mode!r}")
+
+
+def selector(checkpoint: Any = 0, metric: str | None = None, mode: str = "max", path: str = "") -> int | Best:
+    """One checkpoint selection from the public arguments: an index (0 = newest), ``"last"``, ``"best"``
+    with ``metric`` (and ``mode``), or a ``Best``."""
+    if checkpoint == "best" or isinstance(checkpoint, Best):
+        if isinstance(checkpoint, Best):
+            return checkpoint
+        if metric is None:
+            raise CheckpointError('checkpoint="best" needs metric= (the metric recorded with the checkpoints, e.g. metric="dev_bleu")',
+                                  Location(path) if path else None)
+        return Best(metric, mode)
+    if metric is not None:
+        raise CheckpointError(f'metric= only applies to checkpoint="best" (got checkpoint={checkpoint!r})', Location(path) if path else None)
+    return 0 if checkpoint == "last" else check_index(path, checkpoint)
+
+
+def check_index(path: str, checkpoint: Any) -> Any:
+    if isinstance(checkpoint, Best):
+        return checkpoint
     if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
-        raise CheckpointError(f"checkpoint must be an int >= 0, got {checkpoint!r}", Location(path))
+        raise CheckpointError(f'checkpoint must be an int >= 0, "last" or "best" (with metric=), got {checkpoint!r}', Location(path))
     return checkpoint
 
 
-def open_checkpoint(path: str | os.PathLike, checkpoint: int = 0) -> OpenedDir:
-    """Open checkpoint ``checkpoint`` (0 = newest) of the model at ``path``; the caller closes it."""
+def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0) -> OpenedDir:
+    """Open checkpoint ``checkpoint`` (0 = newest, ``"last"``, or a ``Best``) of the model at ``path``; the caller closes it."""
     path = os.fspath(path)
-    check_index(path, checkpoint)
+    checkpoint = 0 if checkpoint == "last" else check_index(path, checkpoint)
     if checkpoint == 0:
         try:
             return OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
@@ -172,6 +232,14 @@ def open_checkpoint(path: str | os.PathLike, checkpoint: int = 0) -> OpenedDir:
             pass  # none, or a saver is shifting it to .data.1 right now: the listing says what is newest
     with scan(path) as s:
         found = s.listed
+        if isinstance(checkpoint, Best) and found:  # chosen in this listing, so the choice and the data agree
+            top = best_n([c for c, _ in found], 1, checkpoint.metric, checkpoint.mode)
+            if not top:
+                seen = sorted({k for c, _ in found for k in c.metrics})
+                raise CheckpointError(
+                    f"no checkpoint records a number for metric {checkpoint.metric!r} (recorded: {', '.join(seen) or 'no metrics'})"
+                    f"{did_you_mean(checkpoint.metric, seen)}", Location(path))
+            checkpoint = top[0]
         if checkpoint < len(found):
             d = found[checkpoint][1]
             found.pop(checkpoint)

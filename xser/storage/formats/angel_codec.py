@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import warnings
+
 import numpy as np
 
 from ...errors import DataError, Location
@@ -198,30 +200,48 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
 
 
 def _fields(data: bytes, sep: str, n: int, path: str, expected: str) -> np.ndarray:
-    """The lines of ``data`` split at ``sep`` into an (lines, n) array of byte strings; wrong field counts are errors."""
+    """The lines of ``data`` split at ``sep`` into an (lines, n) table: float64 numbers when C's parser
+    reads every field exactly (plain numbers, ints below 2^53), else byte strings; wrong field counts are errors."""
     if not data:
-        return np.empty((0, n), "S1")
+        return np.empty((0, n))
     body = data[:-1] if data.endswith(b"\n") else data
     raw = np.frombuffer(body, np.uint8)
     sep_b = sep.encode("latin-1")
-    newline = np.flatnonzero(raw == 10)
     if len(sep_b) == 1:
-        seps = np.concatenate([[0], np.cumsum(raw == sep_b[0])])
-        ends = np.concatenate([newline, [raw.size]])
-        per_line = np.diff(np.concatenate([[0], seps[ends]])) + 1
+        ends = np.concatenate([np.flatnonzero(raw == 10), [raw.size]])
+        at = np.searchsorted(np.flatnonzero(raw == sep_b[0]), ends)  # separators before each line end
+        per_line = np.diff(np.concatenate([[0], at])) + 1
     else:
         per_line = np.array([line.count(sep_b) + 1 for line in body.split(b"\n")])
     bad = np.flatnonzero(per_line != n)
     if bad.size:
         k = int(bad[0])
         raise DataError(f"{int(per_line[k])} fields separated by {sep!r}, {expected} expected", Location(path, k + 1))
-    tokens = body.replace(b"\n", sep_b).split(sep_b) if n > 1 else body.split(b"\n")
+    flat = body.replace(b"\n", sep_b) if n > 1 else body
+    if b" " not in flat and b"\t" not in flat:  # C's parser, whitespace-separated (fields with blanks go the slow way)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                numbers = np.fromstring(flat.replace(sep_b, b" ").decode("latin-1"), sep=" ")
+            except (ValueError, DeprecationWarning):
+                numbers = None
+        if numbers is not None and numbers.size == per_line.size * n and not (np.isfinite(numbers) & (np.abs(numbers) >= 2.0**53)).any():
+            return numbers.reshape(-1, n)
+    tokens = flat.split(sep_b) if n > 1 else body.split(b"\n")
     return np.array(tokens, dtype=object).reshape(-1, n)
 
 
 def _column(tokens: np.ndarray, dtype: np.dtype, path: str, field: int) -> np.ndarray:
     """One field of every line as numbers: numpy's parser, then Java's names of NaN and infinity, then the line at fault."""
     native = dtype.newbyteorder("=")
+    if tokens.dtype == np.float64:  # parsed already: integers are exact below 2^53, floats round once
+        if native.kind in "iu":
+            whole = np.isfinite(tokens) & (tokens == np.floor(tokens)) & (np.abs(tokens) < 2.0**53)
+            if whole.all():
+                return tokens.astype(native)
+            k = int(np.flatnonzero(~whole)[0])
+            raise DataError(f"field {field + 1} is not an integer: {float(tokens[k])!r}", Location(path, k + 1))
+        return tokens.astype(native)
     try:
         return tokens.astype(bytes).astype(native) if tokens.size else np.empty(0, native)
     except (ValueError, OverflowError):
