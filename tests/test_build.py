@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import numpy as np
 import pytest
 
 import xser
-from components import Counter, Node
+from components import Counter, Linear, Node, Norm
 from xser.model.serialize import to_tree
 
 
@@ -399,3 +400,133 @@ class TestLoadSerializedKeepsTies:
         xser.save(got, tmp_path / "n.yaml")
         again = xser.load(tmp_path / "n.yaml")
         assert again["model"].encoder is again["model"].decoder  # saved and loaded: still one object
+
+
+# ---------------------------------------------------------------- models saved before the code changed
+
+
+def _net(extra: bool):
+    @xser.serializable(tag="!EvolvingNet")
+    class EvolvingNet:
+        n: int = 2
+
+        def __attrs_post_init__(self):
+            p = xser.params(self)
+            self.W = p.add("W", (self.n, self.n), init="ones")
+            if extra:
+                self.gate = p.add("gate", (self.n,), init=lambda shape, rng: np.full(shape, 7, np.float32))
+
+    return EvolvingNet
+
+
+def test_a_parameter_added_since_the_save(tmp_path, caplog):
+    old = _net(False)()
+    old.W[...] = 3
+    xser.save(old, tmp_path / "m.yaml")
+    _net(True)
+    with pytest.raises(xser.DataError) as info:
+        xser.load(tmp_path / "m.yaml")
+    assert "param 'gate' is missing on disk (on disk: W); a parameter added since the save: " \
+           'load(..., missing="init") starts it from its declared init' in str(info.value)
+    sub = xser.params(old).name
+    with caplog.at_level("WARNING", logger="xser"):
+        new = xser.load(tmp_path / "m.yaml", missing="init")
+    assert (new.W == 3).all() and (new.gate == 7).all()
+    assert caplog.messages == [f'{tmp_path}/m.yaml.data: not in the saved data, started from their declared init (missing="init"): {sub}/gate']
+    fresh = _net(True)()
+    with caplog.at_level("WARNING", logger="xser"):
+        xser.load_into(fresh, tmp_path / "m.yaml", missing="init")
+    assert (fresh.W == 3).all() and (fresh.gate == 7).all() and "kept as the object holds them" in caplog.messages[-1]
+    with pytest.raises(xser.DataError, match='missing must be "error" or "init", got \'yes\''):
+        xser.load(tmp_path / "m.yaml", missing="yes")
+
+
+def test_a_child_component_added_since_the_save(tmp_path, caplog):
+    @xser.serializable(tag="!GrowingModel")
+    class GrowingModel:
+        enc: Linear
+
+    xser.save(GrowingModel(Linear(2, 3)), tmp_path / "m.yaml")
+    text = (tmp_path / "m.yaml").read_text()
+
+    @xser.serializable(tag="!GrowingModel")
+    class GrowingModel:  # noqa: F811 - the class as it is now: a new child with parameters
+        enc: Linear
+        norm: Norm = attrs.Factory(lambda: Norm(3))
+
+    assert "norm" not in text
+    with pytest.raises(xser.XserError):
+        xser.load(tmp_path / "m.yaml")
+    with caplog.at_level("WARNING", logger="xser"):
+        m = xser.load(tmp_path / "m.yaml", missing="init")
+    assert isinstance(m.norm, Norm) and xser.params(m.norm).name != xser.params(m.enc).name
+
+
+def _renamed(version: int):
+    def migrate_params(arrays, old):
+        assert old == 1
+        return {"W": arrays.pop("weight").T.copy(), **arrays}
+
+    @xser.serializable(tag="!RenamedNet", version=version, migrate_params=migrate_params if version > 1 else None)
+    class RenamedNet:
+        def __attrs_post_init__(self):
+            p = xser.params(self)
+            if version == 1:
+                self.weight = p.add("weight", (2, 3), init="zeros")
+            else:
+                self.W = p.add("W", (3, 2), init="zeros")
+            self.b = p.add("b", (3,), init="zeros")
+
+    return RenamedNet
+
+
+def test_renamed_parameters_are_migrated(tmp_path):
+    old = _renamed(1)()
+    old.weight[...] = np.arange(6).reshape(2, 3)
+    old.b[...] = 5
+    xser.save(old, tmp_path / "m.yaml")
+    _renamed(2)
+    new = xser.load(tmp_path / "m.yaml")
+    assert np.array_equal(new.W, np.arange(6, dtype=np.float32).reshape(2, 3).T) and (new.b == 5).all()
+    xser.save(new, tmp_path / "again.yaml")  # saved by version 2: loads without migrating
+    assert np.array_equal(xser.load(tmp_path / "again.yaml").W, new.W)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda arrays, old: [1], "!BadMigration: migrate_params must return a dict of parameter names to numpy arrays, got list"),
+    (lambda arrays, old: 1 / 0, "!BadMigration: migrate_params from version 1 failed: ZeroDivisionError: division by zero"),
+    (lambda arrays, old: {"W": np.zeros((5,), np.float32)}, "param 'W': migrated to (5,) float32, declared (2,) float32"),
+])
+def test_migrate_params_errors(tmp_path, fn, message):
+    def make(version, migrate_params=None):
+        @xser.serializable(tag="!BadMigration", version=version, migrate_params=migrate_params)
+        class BadMigration:
+            def __attrs_post_init__(self):
+                self.W = xser.params(self).add("W", (2,))
+
+        return BadMigration
+
+    xser.save(make(1)(), tmp_path / "m.yaml")
+    make(2, fn)
+    with pytest.raises(xser.DataError) as info:
+        xser.load(tmp_path / "m.yaml")
+    assert message in str(info.value)
+
+
+def test_parameters_declared_late_are_named(tmp_path):
+    @xser.serializable(tag="!LazyNet")
+    class LazyNet:
+        def forward(self):
+            if not hasattr(self, "W"):
+                self.W = xser.params(self).add("W", (2,), init="ones")
+            return self.W
+
+    net = LazyNet()
+    net.forward()
+    xser.save(net, tmp_path / "m.yaml")
+    with pytest.raises(xser.DataError) as info:
+        xser.load(tmp_path / "m.yaml")
+    assert str(info.value).endswith(
+        f"the component at {tmp_path}/m.yaml.data/spec.yaml:4:13 ({xser.params(net).name}) declared no parameters while it was "
+        "built, but the checkpoint has them: declare parameters in __attrs_post_init__ (xser.params(self).add(...)), not later "
+        "(for example on the first forward), so that loading fills them")

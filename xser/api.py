@@ -8,6 +8,7 @@ from the model's name a few times before giving up with a ``CheckpointError``.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import attrs
@@ -30,6 +31,7 @@ from .storage.opened import CheckpointVanished, gather
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
 T = TypeVar("T")
+_log = logging.getLogger("xser")
 #: times a reader starts over when the checkpoint it reads is pruned under it
 RETRIES = 5
 
@@ -128,6 +130,7 @@ def load(
     rows: dict | None = None,
     device: Any = None,
     tables: dict | None = None,
+    missing: str = "error",
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
@@ -143,6 +146,9 @@ def load(
     ``device`` (torch components): where their tensors go after they are read (default: the CPU).
     ``tables={"subcol/table": ids or xser.IdSlice(begin, end, size)}`` loads only those rows of hash tables
     (the ids given, or those with ``id % size`` in ``[begin, end)``: RecIS's resharding rule).
+    ``missing="init"``: a parameter the code declares but the checkpoint lacks (added to the class since
+    the save) starts from its declared ``init``, as does a new child component; what was initialised is
+    logged as a warning (logger ``xser``). The default refuses, naming the parameter.
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
@@ -150,25 +156,29 @@ def load(
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)
-            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
 
     return retrying(path, once)
 
 
 def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
-              strict: bool = True, verify: bool = False) -> None:
+              strict: bool = True, verify: bool = False, missing: str = "error") -> None:
     """Fill the parameters of an object already built (``obj``) in place from a saved model.
 
     Components are matched by their place in the object graph (``model.encoder``), parameters by
     name; arrays and tensors keep their identity, so an optimizer made before the load stays valid.
     A parameter the object has and the checkpoint lacks is an error; with ``strict`` (the default)
     so is one the checkpoint has and the object lacks. Both are listed, sorted, with the file.
+    ``missing="init"`` keeps what the object holds for parameters the checkpoint lacks (logged).
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
+    if missing not in ("error", "init"):
+        raise DataError(f'missing must be "error" or "init", got {missing!r}', Location(path))
     _, live = to_tree(obj)
 
     def once() -> None:
+        kept: list[str] = []
         with open_saved(path, checkpoint) as saved:
             data = saved.data
             stored = subcols_by_path(saved.experiment)
@@ -180,9 +190,12 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
                     raise DataError(f"the saved model has no parameters for the component at {where} ({name})", Location(path))
                 entries = data.subcollections[disk]
                 have = set(sub.names())
-                missing, unexpected = sorted(have - set(entries)), sorted(set(entries) - have)
-                if missing or (strict and unexpected):
-                    text = key_lists(missing, unexpected if strict else [])
+                absent, unexpected = sorted(have - set(entries)), sorted(set(entries) - have)
+                if absent and missing == "init":
+                    kept.extend(f"{name}/{n}" for n in absent)
+                    absent = []
+                if absent or (strict and unexpected):
+                    text = key_lists(absent, unexpected if strict else [])
                     raise DataError(f"{text} (component at {where})", Location(os.path.join(data.path, disk)))
                 plan.append((sub, disk, [e for n, e in entries.items() if n in have]))
             if strict:
@@ -192,6 +205,8 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
             for sub, disk, entries in plan:
                 arrays = gather(data.read_many(entries, verify=verify), {disk: {}})[disk]
                 sub.fill(arrays, os.path.join(data.path, disk))
+            if kept:
+                _log.warning("%s: not in the checkpoint, kept as the object holds them (missing=\"init\"): %s", data.path, ", ".join(kept))
 
     retrying(path, once)
 

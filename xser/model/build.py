@@ -8,6 +8,7 @@ same path gets the same object, so sharing in the spec is identity in Python.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from typing import Any
 
@@ -15,7 +16,7 @@ import attrs
 import numpy as np
 
 from . import typecheck
-from ..errors import Location, SpecError, XserError, did_you_mean
+from ..errors import DataError, Location, SpecError, XserError, did_you_mean
 from .adapters import LOAD
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
 from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
@@ -25,6 +26,8 @@ from ..spec.saved import open_saved
 from ..storage.opened import OpenedDir
 from .placeholders import substitute
 from .sources import Store, _Origin, _Source
+
+_log = logging.getLogger("xser")
 
 __all__ = ["Experiment", "ExperimentSpec", "Store", "build", "build_spec", "experiment_name"]
 
@@ -48,8 +51,9 @@ class ExperimentSpec:
 class Builder:
     def __init__(
         self, spec: ExperimentSpec, *, mmap: bool = False, verify: bool = False, seed: Any = None, rows: dict | None = None,
-        tables: dict | None = None,
+        tables: dict | None = None, missing: str = "error",
     ) -> None:
+        self.missing = missing
         self.spec = spec
         self.doc = Doc(None, spec.file)
         self.doc.adopt(spec.doc)
@@ -57,7 +61,7 @@ class Builder:
         self.verify = verify
         self.rows = rows
         self.tables = tables
-        self.state = BuildState(np.random.default_rng(seed))
+        self.state = BuildState(np.random.default_rng(seed), unsaved=[] if spec.data is not None else None, missing=missing)
         self.stores: dict[Any, Store] = {}
         self.opened: list[Any] = []
         self.saved: dict[str, tuple[Any, Resolver, Store]] = {}
@@ -72,7 +76,7 @@ class Builder:
         if key not in self.stores:
             main = self.spec.data is not None and key == self.spec.data.ino
             self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None,
-                                     tables=self.tables if main else None)
+                                     tables=self.tables if main else None, missing=self.missing if main else "error")
         return self.stores[key]
 
     def cancel(self) -> None:
@@ -248,6 +252,7 @@ class Builder:
         xid = args.pop("xser_id", None)
         version = args.pop("xser_version", None)
         args = self._migrate(info, args, version, node, here)
+        saved_version = version if isinstance(version, int) else 1
         if subcol is not None and (not isinstance(subcol, str) or not SUBCOL_RE.fullmatch(subcol)):
             raise SpecError(
                 f"xser_subcol_name must be 'ClassName.<8 lowercase hex>', got {subcol!r}",
@@ -283,8 +288,11 @@ class Builder:
                     )
                 subcol = fresh_name(info.cls)  # a second copy of a loaded component
             d[PRESET_NAME] = subcol
+        if node.origin is not None and isinstance(node.args.get("xser_subcol_name"), str):
+            node.origin.store.named.setdefault(node.args["xser_subcol_name"], str(here))
         if node.origin is not None:
-            d[PRESET_SOURCE] = _Source(node.origin, here)
+            old = info.migrate_params is not None and saved_version < (info.version or 1)
+            d[PRESET_SOURCE] = _Source(node.origin, here, (info.migrate_params, saved_version, info.tag) if old else None)
         if xid is not None:
             d["_xser_id"] = xid
         try:
@@ -307,6 +315,8 @@ class Builder:
             raise SpecError(f"xser_version must be an int >= 1, got {version!r}", here)
         if version > current:
             raise SpecError(f"{info.tag} was saved by version {version} of its class; this code has version {current}", here)
+        if version < current and info.migrate is None and info.migrate_params is not None:
+            return args  # only the parameters changed: migrate_params handles them when they are read
         if version < current:
             if info.migrate is None:
                 raise SpecError(f"{info.tag} was saved by version {version}; version {current} has no migrate= to read it", here)
@@ -360,14 +370,20 @@ def build_spec(
     rows: dict | None = None,
     device: Any = None,
     tables: dict | None = None,
+    missing: str = "error",
 ) -> Any:
-    builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows, tables=tables)
+    if missing not in ("error", "init"):
+        raise DataError(f'missing must be "error" or "init", got {missing!r}')
+    builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows, tables=tables, missing=missing)
     options = LOAD.set({"mmap": mmap, "device": device})
     try:
         tree = builder.doc.copy(spec.tree)
         obj = builder.run(tree, placeholders)
         if strict and spec.data is not None:
             builder.store(spec.data).check_all_used()
+        if spec.data is not None and (builder.store(spec.data).initialised or builder.state.unsaved):
+            _log.warning("%s: not in the saved data, started from their declared init (missing=\"init\"): %s",
+                         spec.data.path, ", ".join(builder.store(spec.data).initialised + (builder.state.unsaved or [])))
     finally:
         LOAD.reset(options)
         builder.cancel()  # prefetches nobody asked for (strict=False), or all of them after a failure

@@ -36,7 +36,7 @@ SUBCOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[0-9a-f]{8}")
 class Source(Protocol):
     def claim(self) -> None: ...
 
-    def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray: ...
+    def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None: ...
 
 
 @attrs.define
@@ -45,6 +45,10 @@ class BuildState:
 
     rng: np.random.Generator
     names: dict[str, str] = attrs.Factory(dict)  # subcollection name -> where it was made
+    #: loading a saved model: components that own parameters but are not in its spec (made by a constructor or a
+    #: default) are refused, or with missing="init" recorded here and started from their inits; None: not loading
+    unsaved: list[str] | None = None
+    missing: str = "error"
 
 
 BUILD: contextvars.ContextVar[BuildState | None] = contextvars.ContextVar("xser_build", default=None)
@@ -151,8 +155,8 @@ class Subcollection:
 
             if get_format(format) is None:
                 raise RegistryError(f"{where}: unknown weight format {format!r} (known: {', '.join(sorted(FORMATS))})")
-        if self._source is not None:
-            arr = self._source.fetch(self.name, name, shape, dt)
+        arr = self._source.fetch(self.name, name, shape, dt) if self._source is not None else None
+        if arr is not None:
             if arr.shape != shape:  # a row range (load(rows=...)): this object holds part of the parameter
                 self._partial[name] = getattr(self._source, "rows_of", lambda n: (0, arr.shape[0]))(name)
         else:
@@ -171,7 +175,9 @@ class Subcollection:
             raise RegistryError(f"{self.name}: table {name!r} is declared twice")
         table = new_table(self.name, name, dim, dtype=dtype, slots=slots, init=init, rng=self._rng, inits=INITS)
         if self._source is not None:
-            table.load(self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype), None)
+            parts = self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype)
+            if parts is not None:
+                table.load(parts, None)
         self._tables[name] = table
         return table
 
@@ -417,6 +423,15 @@ def params(owner: Any) -> Subcollection:
     source = d.get(PRESET_SOURCE)
     if source is not None:
         source.claim()
+    elif state is not None and state.unsaved is not None:
+        what = f"{type(owner).__qualname__} ({name})"
+        if state.missing != "init":
+            raise DataError(
+                f"a {what} that owns parameters was made while loading, but the saved model has no such component (added to "
+                "the code since the save, or built by a constructor or default instead of being a field): "
+                'load(..., missing="init") starts it from its declared init'
+            )
+        state.unsaved.append(f"a new {what}")
     make = info.adapter.subcollection if info.adapter is not None else Subcollection
     sub = make(name, owner, source, state.rng if state is not None else _DEFAULT_RNG)
     d[_PARAMS] = sub

@@ -34,6 +34,7 @@ class ComponentInfo:
     version: int | None
     migrate: Migration | None
     adapter: Any = None  # an adapters.Adapter for classes of another framework (torch.nn.Module)
+    migrate_params: Callable[[dict, int], dict] | None = None  # an adapters.Adapter for classes of another framework (torch.nn.Module)
 
     @property
     def fields(self) -> tuple[attrs.Attribute, ...]:
@@ -70,12 +71,15 @@ def serializable(
     tag: str | None = None,
     version: int | None = None,
     migrate: Migration | None = None,
+    migrate_params: Callable[[dict, int], dict] | None = None,
 ) -> Any:
     """Make ``cls`` an attrs component registered under ``tag`` (default ``!ClassName``).
 
     ``version`` (an int >= 1) is written into saved specs as ``xser_version``; a spec
     written by an older version is passed through ``migrate(args, old_version) -> args``
-    before the constructor sees it. Re-defining the same class (same module and
+    before the constructor sees it; ``migrate_params(arrays, old_version) -> arrays`` does the same for
+    the saved parameters (``{name: array}``: rename, reshape, split), read from disk when such a spec
+    is loaded. Re-defining the same class (same module and
     qualified name, e.g. re-running a notebook cell) replaces the old registration;
     any other clash of tags is a ``RegistryError``.
     """
@@ -90,6 +94,8 @@ def serializable(
             raise RegistryError(f"{_qualname(cls)}: version must be an int >= 1, got {version!r}")
         if migrate is not None and version is None:
             raise RegistryError(f"{_qualname(cls)}: migrate= needs version=")
+        if migrate_params is not None and version is None:
+            raise RegistryError(f"{_qualname(cls)}: migrate_params= needs version=")
         adapter = adapter_for(cls)
         if not attrs.has(cls):
             if adapter is not None:
@@ -109,7 +115,7 @@ def serializable(
         if old is not None:
             _BY_CLASS.pop(old.cls, None)
             _HINTS.pop(old.cls, None)
-        info = ComponentInfo(cls, name, version, migrate, adapter)
+        info = ComponentInfo(cls, name, version, migrate, adapter, migrate_params)
         _BY_TAG[name] = info
         _BY_CLASS[cls] = info
         return cls

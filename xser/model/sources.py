@@ -25,8 +25,13 @@ __all__ = ["Store"]
 class Store:
     """A data directory being read by one build: prefetching, and what was used."""
 
-    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None, tables: dict | None = None) -> None:
+    def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None, tables: dict | None = None,
+                 missing: str = "error") -> None:
         self.dir = datadir
+        self.missing = missing  # "init": a declared parameter absent on disk starts from its declared init
+        self.initialised: list[str] = []
+        self.migrated: dict[str, dict[str, np.ndarray]] = {}
+        self.named: dict[str, str] = {}  # subcollection -> where the spec names it (a component built from this store)
         self.mmap = mmap
         self.verify = verify
         self.rows = datadir.check_row_keys(rows)
@@ -51,8 +56,12 @@ class Store:
         sub = self.dir.subcollections[stored]
         here = Location(os.path.join(self.dir.path, stored))
         entry = sub.get(name)
+        if entry is None and self.missing == "init":
+            self.initialised.append(f"{stored}/{name}")
+            return None
         if entry is None:
-            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
+            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'}); a parameter added "
+                            "since the save: load(..., missing=\"init\") starts it from its declared init" + _at(where), here)
         partial = self.rows.get(f"{stored}/{name}")
         if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
             shape = entry.shape  # a row range of a declared shape: checked by the read
@@ -65,6 +74,23 @@ class Store:
         if fut is None:
             return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
         return fut.result()
+
+    def migrate(self, stored: str, fn: Any, version: int, tag: str, where: Location | None) -> dict[str, np.ndarray]:
+        """The arrays of a subcollection saved by an older version of its class, through its ``migrate_params``."""
+        if stored not in self.migrated:
+            self.claim(stored, where)
+            here = Location(os.path.join(self.dir.path, stored))
+            arrays = {n: self.dir.read(e, verify=self.verify) for n, e in self.dir.subcollections[stored].items()}
+            self.used.setdefault(stored, set()).update(arrays)
+            try:
+                out = fn(dict(arrays), version)
+            except Exception as e:
+                raise DataError(f"{tag}: migrate_params from version {version} failed: {type(e).__name__}: {e}" + _at(where), here) from e
+            if not isinstance(out, dict) or not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in out.items()):
+                raise DataError(f"{tag}: migrate_params must return a dict of parameter names to numpy arrays, got "
+                                f"{type(out).__name__}" + _at(where), here)
+            self.migrated[stored] = out
+        return self.migrated[stored]
 
     def fetch_table(self, stored: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, where: Location | None) -> dict:
         """A table's parts (``{"id": ids, "embedding": rows, slot: rows}``), checked against the declaration; only the
@@ -116,6 +142,14 @@ class Store:
 
     def check_all_used(self) -> None:
         unused = sorted(set(self.dir.subcollections) - set(self.used))
+        lazy = [u for u in unused if u in self.named]
+        if lazy:
+            raise DataError(
+                f"the component at {self.named[lazy[0]]} ({lazy[0]}) declared no parameters while it was built, but the "
+                "checkpoint has them: declare parameters in __attrs_post_init__ (xser.params(self).add(...)), not later "
+                "(for example on the first forward), so that loading fills them",
+                Location(os.path.join(self.dir.path, lazy[0])),
+            )
         if unused:
             raise DataError(
                 f"subcollections on disk are not used by the spec: {', '.join(unused)} (load with strict=False to ignore)",
@@ -160,11 +194,22 @@ class _Origin:
 class _Source:
     """What ``xser.params`` reads a loaded component's arrays from."""
 
-    def __init__(self, origin: _Origin, where: Location | None) -> None:
+    def __init__(self, origin: _Origin, where: Location | None, migration: tuple | None = None) -> None:
         self.origin = origin
         self.where = where
+        self.migration = migration  # (migrate_params, saved version, tag) for a spec saved by an older class version
+
+    @property
+    def fresh(self) -> bool:
+        """A component the saved spec gives no subcollection, loaded with missing="init": it starts from its inits."""
+        return self.origin.stored_name is None and self.origin.store.missing == "init"
 
     def claim(self) -> None:
+        if self.fresh:
+            where = str(self.where) if self.where else "a component"
+            if where not in self.origin.store.initialised:
+                self.origin.store.initialised.append(f"the component at {where} (no saved parameters)")
+            return
         if self.origin.stored_name is None:
             raise DataError(
                 "component registers parameters, but its saved spec has no xser_subcol_name",
@@ -172,8 +217,27 @@ class _Source:
             )
         self.origin.store.claim(self.origin.stored_name, self.where)
 
-    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        return self.origin.store.fetch(self.origin.stored_name, name, shape, dtype, self.where)
+    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+        """The saved array (None: start from the declared init, with ``missing="init"``)."""
+        if self.fresh:
+            return None
+        store, stored = self.origin.store, self.origin.stored_name
+        if self.migration is None:
+            return store.fetch(stored, name, shape, dtype, self.where)
+        fn, version, tag = self.migration
+        arrays = store.migrate(stored, fn, version, tag, self.where)
+        here = Location(os.path.join(store.dir.path, stored))
+        arr = arrays.get(name)
+        if arr is None:
+            if store.missing == "init":
+                store.initialised.append(f"{stored}/{name}")
+                return None
+            raise DataError(f"param {name!r} is not among the migrated parameters ({', '.join(sorted(arrays)) or 'none'})"
+                            + _at(self.where), here)
+        if arr.shape != shape or arr.dtype != dtype:
+            raise DataError(f"param {name!r}: migrated to {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(shape)} {dtype}"
+                            + _at(self.where), here)
+        return arr
 
     @property
     def stored(self) -> str | None:
@@ -181,9 +245,21 @@ class _Source:
         return self.origin.stored_name
 
     def names(self) -> list[str]:
-        """The parameters on disk of this component's subcollection."""
+        """The parameters on disk of this component's subcollection (after ``migrate_params``, if it ran)."""
         self.claim()
+        if self.fresh:
+            return []
+        if self.migration is not None:
+            fn, version, tag = self.migration
+            return list(self.origin.store.migrate(self.origin.stored_name, fn, version, tag, self.where))
         return list(self.origin.store.dir.subcollections[self.origin.stored_name])
+
+    def keep_missing(self, names: list[str]) -> bool:
+        """With ``missing="init"``: these parameters absent on disk keep their declared init (recorded); else False."""
+        if self.origin.store.missing != "init":
+            return False
+        self.origin.store.initialised.extend(f"{self.origin.stored_name}/{n}" for n in names)
+        return True
 
     def location(self) -> Location:
         return Location(os.path.join(self.origin.store.dir.path, self.origin.stored_name or ""))
@@ -191,8 +267,10 @@ class _Source:
     def needed_by(self) -> str:
         return _at(self.where)
 
-    def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype) -> dict:
+    def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype) -> dict | None:
         self.claim()
+        if self.fresh:
+            return None
         return self.origin.store.fetch_table(self.origin.stored_name, name, parts, dim, dtype, self.where)
 
     def rows_of(self, name: str) -> tuple[int, int] | None:

@@ -153,6 +153,9 @@ class TorchSubcollection(Subcollection):
         state = self._state()
         on_disk = set(source.names())
         missing = sorted(set(state) - on_disk - self._filled)
+        if missing and source.keep_missing(missing):  # load(missing="init"): they keep what the constructor made
+            self._filled.update(missing)
+            missing = []
         if missing:
             text = key_lists(missing, on_disk - set(state) - self._filled, " in state_dict")
             raise DataError(text + source.needed_by(), source.location())
