@@ -90,6 +90,8 @@ def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str
         ids = int_chars(np.arange(c0, c0 + cols))
         vals = java_chars(part.T, is_float)  # column by column, one value per row
         return join_records([ids, (vals[0].reshape(cols, rows, -1), vals[1].reshape(cols, rows))], sep.encode("latin-1"))
+    if fmt == "value-binary":  # the values, big-endian, row by row: one byte-swapping copy
+        return part.astype(vfmt).tobytes()
     if fmt.endswith("binary"):  # one record per value, row by row; vectorised as a structured array
         fields = {"value-binary": [], "colid-value-binary": [("c", ">i4")], "rowid-colid-value-binary": [("r", ">i4"), ("c", ">i4")]}[fmt]
         rec = np.empty((rows, cols), np.dtype(fields + [("v", vfmt)]))
