@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import os
+import pathlib
+import shutil
 
 import attrs
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 import xser
 from components import Counter, Linear, Node, Norm
+from helpers import edit_spec
 from xser.model.serialize import to_tree
 
 
@@ -40,7 +44,7 @@ ERRORS = [
     ("e:\n  model: !TModel {encoder: 1, activation: gelu}\n", xser.SpecError,
      "{f}:2:43: model.activation: expected one of 'relu', 'tanh', got str 'gelu'"),
     ("e:\n  model: !TModel {encoder: 1, sizes: [1, x]}\n", xser.SpecError,
-     "{f}:2:38: model.sizes: expected list[int], got list"),
+     "{f}:2:42: model.sizes.1: expected int, got str 'x'"),
     ("e:\n  model: !TModel {encoder: 1, name: 3}\n", xser.SpecError,
      "{f}:2:37: model.name: expected str | None, got int 3"),
     ("e:\n  a: 1\n  b: !Ref {path: a.c}\n", xser.SpecError,
@@ -530,3 +534,103 @@ def test_parameters_declared_late_are_named(tmp_path):
         f"the component at {tmp_path}/m.yaml.data/spec.yaml:4:13 ({xser.params(net).name}) declared no parameters while it was "
         "built, but the checkpoint has them: declare parameters in __attrs_post_init__ (xser.params(self).add(...)), not later "
         "(for example on the first forward), so that loading fills them")
+
+
+def test_seeded_builds_name_subcollections_deterministically(tmp_path):
+    """build(seed=...) derives names from the seed and each component's path: two runs can be diffed."""
+    (tmp_path / "c.yaml").write_text("m: !TModel\n  encoder: !TLinear {in_dim: 2, out_dim: 3}\n  decoder: !TLinear {in_dim: 3, out_dim: 2}\n")
+    tree = xser.load_config(tmp_path / "c.yaml")["m"]
+    names = []
+    for seed in (0, 0, 1):
+        built = xser.build(tree, seed=seed)
+        names.append([xser.params(built.encoder).name, xser.params(built.decoder).name])
+    assert names[0] == names[1] and names[0] != names[2]
+    assert all(n.startswith("Linear.") and len(n) == len("Linear.") + 8 for n in names[0]) and len(set(names[0])) == 2
+    assert xser.params(xser.build(tree).encoder).name not in names[0]  # no seed: random
+    for k in (0, 1):
+        xser.save(xser.build(tree, seed=0), tmp_path / f"{k}" / "m.yaml")
+    assert (tmp_path / "0" / "m.yaml").read_text().split("\n", 3)[3] == (tmp_path / "1" / "m.yaml").read_text().split("\n", 3)[3]
+
+
+@xser.serializable(tag="!PathHolder")
+class PathHolder:
+    data_dir: str
+    other: str = "/etc/hostname"
+    files: list = attrs.Factory(list)
+
+    def __attrs_post_init__(self):
+        self.W = xser.params(self).add("W", (2,), init="ones")
+
+
+def test_paths_inside_the_model_directory_move_with_it(tmp_path):
+    """{EXP_DIR} paths under the model's directory are saved relative to it: the directory can be moved or copied."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "exp.yaml").write_text("e: !PathHolder {data_dir: '{EXP_DIR}/data', files: ['{EXP_DIR}/vocab.txt', '{EXP_DIR}']}\n")
+    obj = xser.build(xser.load_config(run / "exp.yaml")["e"])
+    assert obj.data_dir == f"{run}/data"
+    xser.save(obj, run / "m.yaml")
+    text = (run / "m.yaml").read_text()
+    assert "data_dir: !ModelPath {path: data}" in text and str(run) not in text and 'other: "/etc/hostname"' in text
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(run, moved)
+    shutil.rmtree(run)
+    back = xser.load(moved / "m.yaml")
+    assert (back.data_dir, back.files, back.other) == (f"{moved}/data", [f"{moved}/vocab.txt", str(moved)], "/etc/hostname")
+    from xser.tools.convert import convert
+
+    convert(moved / "m.yaml", tmp_path / "conv" / "m.yaml")  # elsewhere: the files stay where they are
+    assert xser.load(tmp_path / "conv" / "m.yaml").data_dir == f"{moved}/data"
+    convert(moved / "m.yaml", moved / "again.yaml")  # in the same directory: still relative
+    assert "!ModelPath {path: data}" in (moved / "again.yaml").read_text()
+
+
+@pytest.mark.parametrize("args", ["{path: ../x}", "{path: /abs}", "{path: a, more: 1}", "{}"])
+def test_model_path_must_stay_inside(tmp_path, args):
+    xser.save(PathHolder("x"), tmp_path / "m.yaml")
+    edit_spec(tmp_path / "m.yaml", lambda text: text.replace("data_dir: x", f"data_dir: !ModelPath {args}"))
+    with pytest.raises(xser.XserError) as info:
+        xser.load(tmp_path / "m.yaml")
+    assert "!ModelPath takes one relative 'path' inside the model's directory" in str(info.value)
+
+
+class Act(enum.Enum):
+    RELU = "relu"
+    TANH = 2
+
+
+@xser.serializable(tag="!TypedLayer")
+class TypedLayer:
+    vocab: pathlib.Path
+    act: Act = Act.RELU
+    sizes: tuple[int, ...] = ()
+    opt: dict[str, dict[str, float]] = attrs.Factory(dict)
+    scale: float = attrs.field(default=1.0, converter=float)  # the converter decides what it takes
+
+
+def test_field_types_users_write(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "l: !TypedLayer {vocab: data/v.txt, act: TANH, sizes: [1, 2, 3], opt: {adam: {beta: 1}}, scale: '2.5'}\n"
+        "by_value: !TypedLayer {vocab: v, act: relu}\n"
+    )
+    cfg = xser.load_config(tmp_path / "c.yaml")
+    layer = xser.build(cfg["l"])
+    assert (layer.vocab, layer.act, layer.sizes, layer.opt, layer.scale) == (
+        pathlib.Path("data/v.txt"), Act.TANH, (1, 2, 3), {"adam": {"beta": 1.0}}, 2.5)
+    assert xser.build(cfg["by_value"]).act is Act.RELU
+    xser.save(layer, tmp_path / "m.yaml")
+    back = xser.load(tmp_path / "m.yaml")
+    assert (back.vocab, back.act, back.sizes, back.opt, back.scale) == (layer.vocab, layer.act, layer.sizes, layer.opt, layer.scale)
+
+
+@pytest.mark.parametrize("args, message", [
+    ("{vocab: v, opt: {adam: {beta: high}}}", "{f}:1:46: opt.adam.beta: expected float, got str 'high'"),
+    ("{vocab: v, act: GELU}", "{f}:1:32: act: expected Act (one of RELU, TANH), got str 'GELU'"),
+    ("{vocab: 3}", "{f}:1:24: vocab: expected Path, got int 3"),
+    ("{vocab: v, sizes: [1, two]}", "{f}:1:38: sizes.1: expected int, got str 'two'"),
+])
+def test_field_type_errors_point_at_the_element(tmp_path, args, message):
+    (tmp_path / "c.yaml").write_text(f"l: !TypedLayer {args}\n")
+    with pytest.raises(xser.SpecError) as info:
+        xser.build(xser.load_config(tmp_path / "c.yaml")["l"])
+    assert str(info.value) == message.format(f=tmp_path / "c.yaml")

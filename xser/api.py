@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .checkpoints.saver import SaveOptions, save_model
-from .errors import CheckpointError, DataError, Location, SpecError, key_lists
+from .errors import CheckpointError, DataError, Location, SpecError, did_you_mean, key_lists
 from .model.build import ExperimentSpec, build_spec
+from .model.overrides import apply_overrides
 from .model.adapters import array_kind
 from .model.build import build as _build
 from .model.serialize import subcols_by_path, to_tree
@@ -50,29 +51,48 @@ def retrying(path: str, fn: Callable[[], T]) -> T:
     )
 
 
-def load_config(path: str | os.PathLike) -> dict[str, ExperimentSpec]:
+def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) -> ExperimentSet:
     """The experiments of a config file, ``{name: spec}`` in file order (unbuilt).
 
     A saved model's file gives its one experiment, with the spec its newest checkpoint was saved with.
+    ``overrides`` (``["small.model.hidden.out_dim=64", "+small.tag=x", "~small.dropout"]``, as Hydra users
+    write them; ``xser.split_overrides(sys.argv[1:])`` takes them off a script's command line) change
+    the experiments before they are built; their values are YAML, checked like values from the file,
+    and errors name the override.
     """
     path = os.fspath(path)
     doc = read(path)
     if is_saved(doc):
         saved = open_saved(path)
         name = saved.name if saved.name is not None else os.path.basename(path)
-        return {name: ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)}
+        tree = {name: saved.experiment}
+        if overrides:
+            apply_overrides(tree, saved.doc, overrides)
+        return ExperimentSet(path, {name: ExperimentSpec(saved.name, tree[name], saved.doc, path, saved.data)})
     if doc.tree is None:
         return {}
     if not isinstance(doc.tree, dict):
         raise SpecError(
             f"a config file is a mapping of named experiments, got {type(doc.tree).__name__}", doc.where(doc.tree) or Location(path, 1, 1)
         )
-    out = {}
-    for name, tree in doc.tree.items():
+    for name in doc.tree:
         if not isinstance(name, str):
             raise SpecError(f"experiment names must be strings, got {name!r}", doc.where(doc.tree, name, of_key=True))
-        out[name] = ExperimentSpec(name, tree, doc, path)
-    return out
+    if overrides:
+        apply_overrides(doc.tree, doc, list(overrides))
+    return ExperimentSet(path, {name: ExperimentSpec(name, tree, doc, path) for name, tree in doc.tree.items()})
+
+
+class ExperimentSet(dict):
+    """``load_config``'s result: a dict of experiments whose missing key is an error listing them."""
+
+    def __init__(self, path: str, items: dict) -> None:
+        super().__init__(items)
+        self.path = path
+
+    def __missing__(self, key: Any) -> Any:
+        raise SpecError(f"no experiment {key!r} in this config (experiments: {', '.join(map(str, self)) or 'none'})"
+                        f"{did_you_mean(str(key), [str(k) for k in self])}", Location(self.path))
 
 
 def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = None, seed: Any = None) -> Any:

@@ -22,7 +22,7 @@ from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, 
 from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from .registry import lookup
 from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
-from ..spec.saved import open_saved
+from ..spec.saved import absolute_paths, open_saved
 from ..storage.opened import OpenedDir
 from .placeholders import substitute
 from .sources import Store, _Origin, _Source
@@ -61,7 +61,9 @@ class Builder:
         self.verify = verify
         self.rows = rows
         self.tables = tables
-        self.state = BuildState(np.random.default_rng(seed), unsaved=[] if spec.data is not None else None, missing=missing)
+        key = repr(seed) if isinstance(seed, (int, str)) and not isinstance(seed, bool) else None
+        self.state = BuildState(np.random.default_rng(seed), unsaved=[] if spec.data is not None else None, missing=missing,
+                                seed_key=key)
         self.stores: dict[Any, Store] = {}
         self.opened: list[Any] = []
         self.saved: dict[str, tuple[Any, Resolver, Store]] = {}
@@ -127,7 +129,8 @@ class Builder:
             saved = open_saved(fname)
             self.opened.append(saved)
             self.doc.adopt(saved.doc)
-            self.saved[key] = (saved.experiment, Resolver(saved.experiment, saved.doc), self.store(saved.data))
+            experiment = absolute_paths(saved.experiment, fname, saved.doc)
+            self.saved[key] = (experiment, Resolver(experiment, saved.doc), self.store(saved.data))
         tree, resolver, store = self.saved[key]
         sub_path = parse_path(args.get("path", ""), self.doc.where(node, "path"))
         try:
@@ -195,6 +198,7 @@ class Builder:
             tree = substitute(tree, values, self.doc, Location(self.spec.file))
         else:
             _refuse_loads(tree, self.doc)  # a saved spec never makes a load read another file
+            tree = absolute_paths(tree, self.spec.file, self.doc)  # paths inside the model's directory, where it is now
             store = self.store(self.spec.data)
             store.prefetch(self.mark_origin(tree, store))
         outer = Resolver(tree, self.doc)
@@ -271,10 +275,11 @@ class Builder:
             value = self.build_node(raw, path + (key,), self.doc.where(node, key))
             f = fields[key]
             tp = info.field_type(f)
-            if tp is not None and not (value is None and f.default is None):
-                value, expected = typecheck.check(value, tp)
-                if expected is not None:
-                    raise SpecError(f"expected {expected}, got {_describe(value)}", self._arg_loc(node, key, path))
+            if tp is not None and f.converter is None and not (value is None and f.default is None):
+                try:
+                    value = typecheck.check_at(value, tp)
+                except typecheck.Mismatch as m:
+                    raise SpecError(f"expected {m.expected}, got {_describe(m.value)}", self._element_loc(node, key, path, m.where)) from None
             kwargs[key] = value
         obj = info.cls.__new__(info.cls)
         d = obj.__dict__
@@ -286,8 +291,10 @@ class Builder:
                         f"subcollection name {subcol} is used twice: here and at {self.state.names[subcol]}",
                         self._arg_loc(node, "xser_subcol_name", path),
                     )
-                subcol = fresh_name(info.cls)  # a second copy of a loaded component
+                subcol = fresh_name(info.cls, format_path(path))  # a second copy of a loaded component
             d[PRESET_NAME] = subcol
+        elif self.state.seed_key is not None:
+            d[PRESET_NAME] = fresh_name(info.cls, format_path(path) or "(root)")
         if node.origin is not None and isinstance(node.args.get("xser_subcol_name"), str):
             node.origin.store.named.setdefault(node.args["xser_subcol_name"], str(here))
         if node.origin is not None:
@@ -302,6 +309,19 @@ class Builder:
         except Exception as e:
             raise SpecError(f"{info.tag} could not be built: {type(e).__name__}: {e}", here) from e
         return obj
+
+    def _element_loc(self, node: Tagged, key: Any, path: tuple, inner: tuple) -> Location:
+        """Where an element inside argument ``key`` is: its line when the YAML has it, and its dotted path."""
+        loc = self._arg_loc(node, key, path)
+        container, last = node, key
+        raw = node.args.get(key)
+        for k in inner:
+            if isinstance(raw, (dict, list)) and (k in raw if isinstance(raw, dict) else isinstance(k, int) and k < len(raw)):
+                container, last, raw = raw, k, raw[k]
+            else:
+                break
+        found = self.doc.where(container, last) if container is not node else None
+        return (found or loc).with_path(format_path(path + (key,) + inner))
 
     def _arg_loc(self, node: Tagged, key: Any, path: tuple, *, of_key: bool = False) -> Location:
         base = self.doc.where(node, key, of_key=of_key) or Location(self.spec.file)

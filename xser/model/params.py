@@ -8,6 +8,7 @@ ever saved: gradients, activations and caches kept on the object are not.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import math
 import re
 import secrets
@@ -49,6 +50,9 @@ class BuildState:
     #: default) are refused, or with missing="init" recorded here and started from their inits; None: not loading
     unsaved: list[str] | None = None
     missing: str = "error"
+    #: build(seed=...) with an int or str seed: subcollection names derive from it and the component's path
+    seed_key: str | None = None
+    unplaced: int = 0  # components named without a path (made by constructors), counted in build order
 
 
 BUILD: contextvars.ContextVar[BuildState | None] = contextvars.ContextVar("xser_build", default=None)
@@ -396,9 +400,19 @@ def _show(place: tuple) -> str:
     return f"attribute .{place[1]}" if place[0] == "attr" else f"attribute .{place[1]}[{place[2]!r}]"
 
 
-def fresh_name(cls: type) -> str:
-    """``ClassName.<8 hex>``, unique within the current build."""
+def fresh_name(cls: type, where: str | None = None) -> str:
+    """``ClassName.<8 hex>``, unique within the current build: random, or (a build with a seed) a hash of the
+    seed and the component's path in the spec (``where``; components made by constructors count in order)."""
     state = BUILD.get()
+    if state is not None and state.seed_key is not None:
+        if where is None:
+            state.unplaced += 1
+            where = f"#{state.unplaced}"
+        for k in range(1 << 16):
+            digest = hashlib.blake2b(f"{state.seed_key}\0{where}\0{cls.__name__}\0{k}".encode(), digest_size=4).hexdigest()
+            name = f"{cls.__name__}.{digest}"
+            if name not in state.names:
+                return name
     while True:
         name = f"{cls.__name__}.{secrets.token_hex(4)}"
         if state is None or name not in state.names:

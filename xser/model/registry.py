@@ -18,7 +18,7 @@ __all__ = ["ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
 T = TypeVar("T", bound=type)
 
 #: Tags that the builder handles itself; no class may take them.
-RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized"})
+RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized", "!ModelPath"})
 #: Keys that xser writes into a component's mapping; no field may use them.
 RESERVED_KEYS = frozenset({"xser_subcol_name", "xser_id", "xser_version"})
 

@@ -7,6 +7,8 @@ order. An object reached twice is written once; its other places become ``!Ref``
 
 from __future__ import annotations
 
+import enum
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,10 @@ class _Dumper:
             return value
         if isinstance(value, np.generic) and not isinstance(value, (np.void, np.datetime64, np.timedelta64)):
             return value.item()
+        if isinstance(value, pathlib.PurePath):
+            return str(value)
+        if isinstance(value, enum.Enum):
+            return value.name  # read back by name
         info = info_for(value)
         if info is not None:
             return self._component(value, info, path)

@@ -21,9 +21,9 @@ from ..storage.checksums import digest_bytes
 from ..storage.listing import open_checkpoint
 from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir
-from .yamlio import Doc, dump, parse, read
+from .yamlio import Doc, Tagged, dump, parse, read, rewrite_children
 
-__all__ = ["SPEC_FORMAT", "SavedModel", "is_saved", "open_saved", "render_saved", "spec_header", "top_level_state", "with_spec"]
+__all__ = ["MODEL_PATH", "SPEC_FORMAT", "SavedModel", "absolute_paths", "relative_paths", "is_saved", "open_saved", "render_saved", "spec_header", "top_level_state", "with_spec"]
 
 SPEC_FORMAT = 1
 _HEADER = "# xser saved model: the spec of one experiment; its parameters are in {data}/\n"
@@ -33,9 +33,54 @@ def spec_header(path: str) -> str:
     return _HEADER.format(data=os.path.basename(path) + ".data")
 
 
+MODEL_PATH = "!ModelPath"
+
+
+def relative_paths(tree: Any, path: str) -> Any:
+    """A copy of ``tree`` where every string that is an absolute path inside the model's directory (the
+    directory of ``path``) is a ``!ModelPath {path: relative}``: the model directory can move."""
+    base = os.path.dirname(os.path.abspath(path))
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str) and os.path.isabs(v):
+            norm = os.path.normpath(v)
+            if norm == base or norm.startswith(base + os.sep):
+                return Tagged(MODEL_PATH, {"path": os.path.relpath(norm, base).replace(os.sep, "/")})
+            return v
+        if isinstance(v, Tagged):
+            return Tagged(v.tag, {k: walk(x) for k, x in v.args.items()}, v.origin)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(tree)
+
+
+def absolute_paths(tree: Any, path: str, doc: Doc | None = None) -> Any:
+    """``tree`` with each ``!ModelPath {path: rel}`` replaced, in place, by the absolute path under the directory
+    of ``path`` (where the model is now). The relative path must stay inside that directory."""
+    base = os.path.dirname(os.path.abspath(path))
+
+    def resolve(v: Any) -> Any:
+        if isinstance(v, Tagged) and v.tag == MODEL_PATH:
+            rel = v.args.get("path")
+            where = doc.where(v) if doc is not None else Location(path)
+            if set(v.args) != {"path"} or not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
+                raise SpecError(f"{MODEL_PATH} takes one relative 'path' inside the model's directory, got {v.args!r}", where)
+            return base if rel == "." else os.path.join(base, *rel.split("/"))
+        if isinstance(v, (Tagged, dict, list)):
+            rewrite_children(v, lambda _k, x: resolve(x))
+        return v
+
+    return resolve(tree)
+
+
 def render_saved(experiment: Any, name: str | None, path: str) -> str:
-    """The text of a saved model's spec (header, ``xser_format``, ``name``, ``experiment``)."""
-    return spec_header(path) + dump({"xser_format": SPEC_FORMAT, "name": name, "experiment": experiment})
+    """The text of a saved model's spec (header, ``xser_format``, ``name``, ``experiment``); paths inside the
+    model's directory are written relative to it (``!ModelPath``)."""
+    return spec_header(path) + dump({"xser_format": SPEC_FORMAT, "name": name, "experiment": relative_paths(experiment, path)})
 
 
 def is_saved(doc: Doc) -> bool:

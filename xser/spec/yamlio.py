@@ -119,6 +119,14 @@ class Doc:
         table = entry[3] if of_key else entry[2]
         return table.get(key, entry[1])
 
+    def note_value(self, container: Any, key: Any, loc: Location) -> None:
+        """Record where the value at ``container[key]`` came from (a value set by an override, say)."""
+        entry = self._locs.get(id(container))
+        if entry is None or entry[0] is not container:
+            entry = (container, loc, {}, {})
+            self._locs[id(container)] = entry
+        entry[2][key] = loc
+
     def adopt(self, other: Doc) -> None:
         """Take over the location entries of another document (for inlined subtrees)."""
         self._locs.update(other._locs)

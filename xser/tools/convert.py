@@ -20,7 +20,7 @@ from ..checkpoints.saver import SaveOptions, write_new_model
 from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location
 from ..spec import dump, iter_tagged
-from ..spec.saved import open_saved, spec_header
+from ..spec.saved import absolute_paths, open_saved, relative_paths, spec_header
 from ..storage import training_state
 from ..storage.listing import Checkpoint, checkpoints
 from ..storage.opened import OpenedDir
@@ -112,7 +112,8 @@ def convert(
     def once() -> ConvertReport:
         with open_saved(path, checkpoint) as saved:
             data = saved.data
-            tree = {"xser_format": saved.doc.tree["xser_format"], "name": saved.name, "experiment": saved.experiment}
+            experiment = relative_paths(absolute_paths(saved.experiment, path, saved.doc), out)  # paths in the model's directory
+            tree = {"xser_format": saved.doc.tree["xser_format"], "name": saved.name, "experiment": experiment}
             names = list(dict.fromkeys(spec_subcols(tree) + list(data.subcollections)))
             mapping = fresh_names(names, set(names))
             rename_subcols(tree, mapping)

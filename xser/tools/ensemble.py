@@ -24,7 +24,7 @@ from ..errors import CheckpointError, Location, SpecError
 from ..model.refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from ..model.registry import serializable
 from ..spec import Doc, Tagged, dump, iter_tagged
-from ..spec.saved import SPEC_FORMAT, open_saved, spec_header
+from ..spec.saved import SPEC_FORMAT, absolute_paths, open_saved, relative_paths, spec_header
 from .convert import fresh_names, linked_arrays
 
 __all__ = ["Ensemble", "EnsembleReport", "ensemble"]
@@ -83,7 +83,7 @@ def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, 
     ids: set[str] = set()
     for i, model in enumerate(models):
         saved = stack.enter_context(open_saved(model, checkpoint))
-        exp = saved.experiment
+        exp = absolute_paths(saved.experiment, model, saved.doc)  # the member's own files, wherever it is
         doc = Doc(exp, model)
         resolver = Resolver(exp, doc)
         try:
@@ -119,7 +119,7 @@ def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, 
             arrays[new] = source[src]
             owner[new] = model
         members.append(member)
-    spec = {"xser_format": SPEC_FORMAT, "name": name, "experiment": Tagged("!Ensemble", {"members": members})}
+    spec = {"xser_format": SPEC_FORMAT, "name": name, "experiment": relative_paths(Tagged("!Ensemble", {"members": members}), out)}
     meta = {"training": {"ensemble_of": [os.path.abspath(m) for m in models]}}
     write_new_model(out, [Snapshot(spec_header(out) + dump(spec), arrays, meta)], SaveOptions(durable), force=force)
     return EnsembleReport(out, tuple(models), renamed)
