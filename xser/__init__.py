@@ -20,6 +20,7 @@ from .api import Resumed as Resumed
 from .api import read_params as read_params
 from .api import resume as resume
 from .api import save as save
+from .model.overrides import split_overrides as split_overrides
 from .checkpoints.partial import PartialSaver as PartialSaver
 from .checkpoints.policy import KeepBest as KeepBest
 from .checkpoints.policy import KeepEvery as KeepEvery
@@ -83,6 +84,7 @@ __all__ = [
     "SaveReport",
     "serializable",
     "SpecError",
+    "split_overrides",
     "Subcollection",
     "XserError",
 ]
