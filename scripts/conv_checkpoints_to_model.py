@@ -4,9 +4,14 @@
     python scripts/conv_checkpoints_to_model.py MODEL --out OUT [--checkpoint K | --all]
 """
 
+import os
 import sys
 
-from xser.cli import main
+try:
+    from xser.cli import main
+except ImportError:  # run from a checkout without installing: use the package next to this script
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from xser.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:], command="convert", prog="conv_checkpoints_to_model.py"))

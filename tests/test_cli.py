@@ -239,3 +239,19 @@ def test_checkpoint_selection_usage_errors(tmp_path, capsys, which, message):
     with pytest.raises(SystemExit) as info:
         main(["convert", str(path), "--out", str(tmp_path / "c.yaml"), "--checkpoint", which])
     assert info.value.code == 2 and capsys.readouterr().err.strip().endswith(message)
+
+
+@pytest.mark.parametrize("system, out", [("angel", "ang"), ("dismec", "d/meta.json")])
+def test_exports_name_params_by_component_path_and_never_overwrite_silently(tmp_path, capsys, system, out):
+    model = Model(Linear(3, 2))
+    xser.save(model, tmp_path / "m.yaml")
+    sub = xser.params(model.encoder).name
+    args = ["export", system, str(tmp_path / "m.yaml"), "encoder.W", str(tmp_path / out)]
+    assert main(args) == 0
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.strip().endswith("the output exists; pass --force (force=True) to replace it")
+    assert main([*args, "--force"]) == 0
+    assert main(["export", system, str(tmp_path / "m.yaml"), f"{sub}/W", str(tmp_path / out), "--force"]) == 0
+    assert main(["export", system, str(tmp_path / "m.yaml"), "encoder.w", str(tmp_path / "other")]) == 1
+    assert "no parameter 'encoder.w'; did you mean 'encoder.W'?" in capsys.readouterr().err

@@ -33,3 +33,25 @@ def test_every_subpackage_is_packaged():
         if "__init__.py" in files
     }
     assert found <= listed, sorted(found - listed)
+
+
+def test_sdist_carries_its_tests(tmp_path):
+    """The source distribution holds every file the tests use (helpers, data), the LICENSE and the scripts."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    import pytest
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(os.path.join(root, ".git")):
+        pytest.skip("runs in a git checkout (it compares with the tracked files)")
+    tracked = subprocess.run(["git", "ls-files", "tests", "scripts", "configs", "docs", "LICENSE"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout.split()
+    code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path)!r}))"
+    name = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout.split()[-1]
+    with tarfile.open(tmp_path / name) as tar:
+        inside = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert sorted(set(tracked) - inside) == []
+    assert "xser/py.typed" in inside

@@ -187,14 +187,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         written = export_dismec(
             args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
-            split_files=args.split_files, checkpoint=args.checkpoint, layout=args.layout, ranges=args.ranges,
+            split_files=args.split_files, checkpoint=args.checkpoint, layout=args.layout, ranges=args.ranges, force=args.force,
         )
     elif args.system == "angel":
         from .interop.angel import export_angel
 
         written = export_angel(
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
-            sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file,
+            sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file, force=args.force,
         )
     elif args.system == "recis":
         from .interop.recis import export_recis
@@ -301,8 +301,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
     q = systems.add_parser("dismec", help="one matrix as DiSMEC++ metadata and weight files")
     q.add_argument("model", help="saved xser model")
-    q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
+    q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
     q.add_argument("out", help="the metadata JSON file to write (weight files go beside it)")
+    q.add_argument("--force", action="store_true", help="replace existing files")
     q.add_argument("--format", default=None, help="DenseTXT, SparseTXT or DenseNPY (default: as recorded at import, else DenseTXT)")
     q.add_argument("--layout", default="auto", choices=("auto", "split", "cli"),
                    help="file names and ranges: as recorded at import (auto), save_model's -K-of-N (split) or train's -<first>-<last> (cli)")
@@ -313,8 +314,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)")
     q.add_argument("model", help="saved xser model")
-    q.add_argument("param", help="SUBCOLLECTION/PARAM, as `xser inspect` lists it")
+    q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
     q.add_argument("out", help="directory to write the matrix directory into")
+    q.add_argument("--force", action="store_true", help="replace an existing matrix directory")
     q.add_argument("--format", default="colid-value-text", help="value-binary, colid-value-binary, rowid-colid-value-binary, "
                    "value-text, colid-value-text, rowid-colid-value-text, binary-column or text-column")
     q.add_argument("--name", help="matrix name (default: the parameter's name)")
@@ -403,3 +405,27 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
 def main_exit() -> None:
     """Console-script entry point."""
     sys.exit(main())
+
+
+def _command_exit(command: str) -> None:
+    sys.exit(main(sys.argv[1:], command=command, prog=f"xser-{command}"))
+
+
+def avg_exit() -> None:
+    """``xser-avg``: the same as ``xser avg`` (and ``scripts/avg_checkpoints.py``)."""
+    _command_exit("avg")
+
+
+def convert_exit() -> None:
+    """``xser-convert``: the same as ``xser convert`` (and ``scripts/conv_checkpoints_to_model.py``)."""
+    _command_exit("convert")
+
+
+def ensemble_exit() -> None:
+    """``xser-ensemble``: the same as ``xser ensemble``."""
+    _command_exit("ensemble")
+
+
+def inspect_exit() -> None:
+    """``xser-inspect``: the same as ``xser inspect``."""
+    _command_exit("inspect")

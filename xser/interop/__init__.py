@@ -31,18 +31,32 @@ def writes_files(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def read_param(model: str | os.PathLike, param: str, checkpoint: int = 0) -> np.ndarray:
-    """One parameter (``"<subcollection>/<param>"``, as ``xser inspect`` lists it) of a saved model."""
+def read_param(model: str | os.PathLike, param: str, checkpoint: Any = 0) -> np.ndarray:
+    """One parameter of a saved model: ``"<subcollection>/<param>"`` or its component path (``model.out.W``), as
+    ``xser inspect`` lists them."""
     from ..api import retrying
-    from ..storage.listing import open_checkpoint
+    from ..model.serialize import flat_keys
+    from ..spec.saved import open_saved
 
     def once() -> np.ndarray:
-        with open_checkpoint(model, checkpoint) as data:
+        with open_saved(model, checkpoint) as saved:
+            data = saved.data
             sub, _, name = param.partition("/")
-            entry = data.subcollections.get(sub, {}).get(name)
+            entry = data.subcollections.get(sub, {}).get(name) if name else None
             if entry is None:
-                known = [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
+                flat = flat_keys(saved.experiment, data.subcollections)
+                if param in flat:
+                    sub, name = flat[param]
+                    entry = data.subcollections[sub][name]
+            if entry is None:
+                known = list(flat_keys(saved.experiment, data.subcollections)) + [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
                 raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
             return np.asarray(data.read(entry))
 
     return retrying(os.fspath(model), once)
+
+
+def refuse_existing(path: str, force: bool) -> None:
+    """An export never overwrites silently: an existing output is an error unless ``force``."""
+    if os.path.lexists(path) and not force:
+        raise DataError("the output exists; pass --force (force=True) to replace it", Location(path))

@@ -1,6 +1,6 @@
 """Angel matrices: ``_meta`` (a big-endian length, then JSON) plus partition data files.
 
-Layouts from ``shared/research/formats.md`` section 2 (read from Angel's source; the tests check
+Layouts from ``docs/research/formats.md`` section 2 (read from Angel's source; the tests check
 the worked example's bytes). Eight formats: six row formats (values, column ids and values, row
 ids, column ids and values; binary or text) and two column formats. Binary numbers are Java's:
 big-endian int/long column ids, float or double values. Text numbers are Java's
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import struct
 from typing import Any
@@ -64,14 +65,17 @@ def export_angel(
     sep: str = ",",
     checkpoint: int = 0,
     per_file: int = PARTITIONS_PER_FILE,
+    force: bool = False,
 ) -> list[str]:
     """Write ``param`` (a 2-D float matrix) as an Angel matrix directory ``out_dir/<name>/``.
 
     Partitions of ``block_rows`` rows go into files the way Angel's PS groups them (halving the
     sorted list until a piece has at most ``per_file``, Angel's ``angel.ps.max.partition.number.single.file``),
-    and each partition's ``rowMetas`` are listed in the HashMap order Angel writes.
+    and each partition's ``rowMetas`` are listed in the HashMap order Angel writes. ``param`` is
+    ``"<subcollection>/<parameter>"`` or its component path; an existing ``out_dir/<name>`` is an error unless
+    ``force`` (which replaces it whole).
     """
-    from . import read_param
+    from . import read_param, refuse_existing
 
     if format not in FORMATS:
         raise DataError(f"unknown Angel format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
@@ -84,7 +88,10 @@ def export_angel(
     name = matrix_name or pname
     block = block_rows or max(rows, 1)
     target = os.path.join(os.fspath(out_dir), name)
-    os.makedirs(target, exist_ok=True)
+    refuse_existing(target, force)
+    if os.path.lexists(target):
+        shutil.rmtree(target) if os.path.isdir(target) and not os.path.islink(target) else os.remove(target)
+    os.makedirs(target)
     parts = [(k, r0, min(rows, r0 + block)) for k, r0 in enumerate(range(0, max(rows, 1), block))]
     column = format.endswith("column")
     metas: dict[str, Any] = {}

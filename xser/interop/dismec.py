@@ -1,6 +1,6 @@
 """DiSMEC++ models: a JSON metadata file plus weight files of contiguous label rows.
 
-Layout, byte by byte, in ``shared/research/formats.md`` section 1 (checked against files
+Layout, byte by byte, in ``docs/research/formats.md`` section 1 (checked against files
 DiSMEC++ wrote, copied to ``tests/data/dismec/``). Import reads every weight format strictly
 (non-finite values, short rows, bad sparse indices are errors with file and line) and makes an
 xser model whose one parameter keeps DiSMEC++'s row ranges as blocks. Export writes files
@@ -317,8 +317,10 @@ def export_dismec(
     date: str | None = None,
     layout: str = "auto",
     ranges: list[tuple[int, int]] | None = None,
+    force: bool = False,
 ) -> list[str]:
-    """Write ``param`` (``"<subcollection>/<parameter>"``, a 2-D float matrix) as DiSMEC++ files.
+    """Write ``param`` (``"<subcollection>/<parameter>"`` or its component path, a 2-D float matrix) as DiSMEC++ files.
+    Existing files are an error unless ``force``.
 
     Returns the paths written (metadata last). ``date`` defaults to now, UTC, as DiSMEC++ writes it.
     ``format`` (DenseTXT, SparseTXT, DenseNPY) defaults to the recorded formats, else DenseTXT. ``layout``: ``"auto"`` gives back the file names, label ranges and formats recorded when the model was
@@ -326,7 +328,7 @@ def export_dismec(
     ``-K-of-N`` by ``split_files``); ``"cli"`` the ``train`` command's (``<meta>.weights-<first>-<last>``, last
     inclusive). ``ranges=[(first, count), ...]`` sets the label ranges explicitly (with "split" or "cli" naming).
     """
-    from . import read_param
+    from . import read_param, refuse_existing
 
     meta_out = os.fspath(meta_out)
     if layout not in ("auto", "split", "cli"):
@@ -354,6 +356,8 @@ def export_dismec(
         else:
             names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
         formats = [format or "DenseTXT"] * len(ranges)
+    for name in [os.path.basename(meta_out), *names]:
+        refuse_existing(os.path.join(os.path.dirname(os.path.abspath(meta_out)), name), force)
     os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
     written = []
     row = 0

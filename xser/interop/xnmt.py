@@ -1,6 +1,6 @@
 """XNMT saved models: a YAML spec plus ``.data``, ``.data.1``, ... of DyNet text files.
 
-Format and semantics in ``shared/research/xnmt.md`` (sections 1 and 4); the test fixture is a
+Format and semantics in ``docs/research/xnmt.md`` (sections 1 and 4); the test fixture is a
 model XNMT itself wrote (``tests/data/xnmt/``). Import keeps XNMT's tags as unknown tags (no
 XNMT classes are needed), turns ``xnmt_subcol_name`` into ``xser_subcol_name`` (names
 unchanged), drops the sentinel that XNMT writes into every ``!Ref``, and makes every DyNet

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import functools
-
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import attrs
 
@@ -16,6 +15,12 @@ from .adapters import adapter_for
 __all__ = ["ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
 
 T = TypeVar("T", bound=type)
+
+if TYPE_CHECKING:  # type checkers see attrs-style constructors on @serializable classes (PEP 681)
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_: Any) -> Any:
+        return lambda f: f
 
 #: Tags that the builder handles itself; no class may take them.
 RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized", "!ModelPath"})
@@ -65,6 +70,21 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+@overload
+def serializable(cls: T, /) -> T: ...
+
+
+@overload
+def serializable(
+    *,
+    tag: str | None = None,
+    version: int | None = None,
+    migrate: Migration | None = None,
+    migrate_params: Callable[[dict, int], dict] | None = None,
+) -> Callable[[T], T]: ...
+
+
+@dataclass_transform(field_specifiers=(attrs.field,))
 def serializable(
     cls: T | None = None,
     *,

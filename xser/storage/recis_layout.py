@@ -1,4 +1,4 @@
-"""RecIS checkpoint directories (v2), both ways, without RecIS: the layout only (``shared/research/formats.md`` §3).
+"""RecIS checkpoint directories (v2), both ways, without RecIS: the layout only (``docs/research/formats.md`` §3).
 
 A directory holds ``model-%06d-of-%06d.safetensors`` files (numbered ``shard * parallel + writer``
 of ``shards * parallel``, with gaps where a writer had no block), ``index`` (compact JSON, sorted

@@ -1,7 +1,7 @@
 """Angel's partition codecs: the eight row and column layouts, and Java's number text.
 
 Pure codecs (bytes <-> arrays), used by the weight-format table and by ``xser import/export
-angel``. Layouts from ``shared/research/formats.md`` section 2; number text from ``java_text``
+angel``. Layouts from ``docs/research/formats.md`` section 2; number text from ``java_text``
 (JDK 8's, exactly), written and read as arrays.
 """
 

@@ -1,7 +1,7 @@
 """DyNet's text records (``#Parameter# /sub/name {dims} bytes ZERO_GRAD`` + column-major values).
 
 A pure codec (bytes <-> records), used by the ``dynet-text`` weight format and by ``xser
-import/export xnmt``. Grammar in ``shared/research/xnmt.md`` section 4.
+import/export xnmt``. Grammar in ``docs/research/xnmt.md`` section 4.
 """
 
 from __future__ import annotations
