@@ -8,9 +8,10 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+
+torch = pytest.importorskip("torch", reason="the torch tests need torch (the test extra installs it)")
 import safetensors.numpy
 import safetensors.torch
-import torch
 
 import xser
 from components import Linear, Model, Norm

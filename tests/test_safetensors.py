@@ -12,9 +12,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+
+torch = pytest.importorskip("torch", reason="the torch tests need torch (the test extra installs it)")
+import safetensors.torch  # noqa: E402
 import safetensors.numpy
-import safetensors.torch
-import torch
 from safetensors import safe_open
 
 import xser

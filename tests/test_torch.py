@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="the torch tests need torch (the test extra installs it)")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

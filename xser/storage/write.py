@@ -70,6 +70,15 @@ def _lossy_on_purpose(options: dict) -> bool:
     return options.get("precision") is not None or bool(options.get("threshold"))
 
 
+def _shown(v: np.generic) -> str:
+    """A value for a message, the same whatever numpy's repr: the number, and its bits where the number hides them."""
+    x = v.item()
+    if isinstance(x, float) and (x != x or x == 0.0):
+        bits = int(np.asarray(v).reshape(1).view(f"u{v.dtype.itemsize}")[0])
+        return f"{x!r} (bits 0x{bits:0{2 * v.dtype.itemsize}x})"
+    return repr(x)
+
+
 def _limits(fmt: Any) -> str:
     limits = getattr(fmt, "limits", "")
     return f" ({fmt.name} stores {limits})" if limits else ""
@@ -93,8 +102,8 @@ def _check_round_trip(fmt: Any, path: str, arr: np.ndarray, size: int, name: str
         i = int(diff[0])
         index = tuple(int(x) for x in np.unravel_index(i, a.shape)) if a.shape else ()
         raise DataError(
-            f"format {name!r} cannot store this array exactly: element {index} is {a.reshape(-1)[i]!r} "
-            f"and would read back as {b.reshape(-1)[i]!r}{_limits(fmt)}",
+            f"format {name!r} cannot store this array exactly: element {index} is {_shown(a.reshape(-1)[i])} "
+            f"and would read back as {_shown(b.reshape(-1)[i])}{_limits(fmt)}",
             Location(path),
         )
 

@@ -218,13 +218,15 @@ def _mean_chunk(
         if conv is not None:  # an extension dtype: widened exactly before any arithmetic
             np.copyto(conv[: src.size], src, casting="unsafe")
             src = conv[: src.size]
+        # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
+        # multiply a float32 piece by a float64 scalar weight in float32
         if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-            np.copyto(a, src) if unit else np.multiply(src, w, out=a)
+            np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
         elif unit:
-            np.add(a, src, out=a)
+            np.add(a, src, out=a, dtype=a.dtype)
         else:
-            np.multiply(src, w, out=t)
-            np.add(a, t, out=a)
+            np.multiply(src, w, out=t, dtype=t.dtype)
+            np.add(a, t, out=a, dtype=a.dtype)
     return same, first
 
 

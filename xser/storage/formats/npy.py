@@ -8,24 +8,19 @@ the header against the manifest and the file size *before* allocating anything.
 
 from __future__ import annotations
 
-import math
+import ast
 import io
+import math
 import mmap
 import os
 import re
-import warnings
+import struct
 from collections.abc import Iterator
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.lib.format as npf
 
-# numpy's helpers that choose the header version live in a private module in numpy 2
-# (np.lib._format_impl) and in np.lib.format in numpy 1; both are optional here.
-_IMPL = getattr(np.lib, "_format_impl", npf)
-# numpy warns each time it must write a 3.0 header (utf-8 record field names); xser
-# reads them and records the version in the file itself, so the warning is noise.
-warnings.filterwarnings("ignore", message="Stored array in format 3.0", category=UserWarning)
 
 from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
@@ -110,6 +105,25 @@ def byte_view(array: np.ndarray) -> np.ndarray:
     return flat.view(np.uint8)
 
 
+def _read_header_3_0(f: Any) -> tuple[tuple, bool, np.dtype]:
+    """A version 3.0 header (utf-8 text, else as 2.0), parsed as a literal and checked like numpy's public readers."""
+    (n,) = struct.unpack("<I", f.read(4))
+    if n > MAX_HEADER:
+        raise ValueError(f"header of {n} bytes is longer than {MAX_HEADER}")
+    text = f.read(n)
+    if len(text) != n:
+        raise ValueError("header is truncated")
+    d = ast.literal_eval(text.decode("utf-8"))
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        raise ValueError(f"header does not describe an array: {text[:80]!r}")
+    shape, fortran = d["shape"], d["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    if not isinstance(fortran, bool):
+        raise ValueError(f"bad fortran_order {fortran!r}")
+    return shape, fortran, npf.descr_to_dtype(d["descr"])
+
+
 def _header(array: np.ndarray) -> bytes:
     """numpy's own header: version 1.0, or 2.0/3.0 when a record dtype needs them."""
     return header_for(array.dtype, array.shape, bool(array.flags.f_contiguous and not array.flags.c_contiguous))
@@ -118,17 +132,35 @@ def _header(array: np.ndarray) -> bytes:
 def header_for(dtype: np.dtype, shape: tuple, fortran: bool) -> bytes:
     """The ``.npy`` header numpy writes for an array of this dtype, shape and memory order."""
     d = {"descr": npf.dtype_to_descr(storage_of(np.dtype(dtype))), "fortran_order": bool(fortran), "shape": tuple(shape)}
-    buf = io.BytesIO()
-    write = getattr(_IMPL, "_write_array_header", None)  # picks 1.0, 2.0 or 3.0 (utf-8 names)
-    if write is not None:
-        write(buf, d, None)
-    else:  # pragma: no cover - a numpy without the helper: 1.0 or 2.0 only
-        try:
-            npf.write_array_header_1_0(buf, d)
-        except ValueError:
-            buf = io.BytesIO()
-            npf.write_array_header_2_0(buf, d)
-    return buf.getvalue()
+    return wrap_header(d)
+
+
+#: spaces numpy leaves after the header's dict so that the growing axis can get longer in place
+GROWTH_AXIS_DIGITS = 21
+
+
+def wrap_header(d: dict) -> bytes:
+    """The ``.npy`` header of the dict ``d`` as numpy writes it (its published format, written here rather than
+    through numpy's private helpers): the dict literal with sorted keys, spare room for the growing axis,
+    spaces up to a multiple of 64 bytes and a newline; version 1.0 when the text is latin-1 and short, 2.0 when
+    long, 3.0 when a field name needs utf-8."""
+    text = "{" + "".join(f"'{k}': {v!r}, " for k, v in sorted(d.items())) + "}"
+    shape = d["shape"]
+    if shape:
+        text += " " * (GROWTH_AXIS_DIGITS - len(repr(shape[-1 if d["fortran_order"] else 0])))
+    try:
+        raw = text.encode("latin-1")
+        versions = [((1, 0), "<H"), ((2, 0), "<I")]
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8")
+        versions = [((3, 0), "<I")]
+    for (major, minor), fmt in versions:
+        size = struct.calcsize(fmt)
+        pad = 64 - (8 + size + len(raw) + 1) % 64
+        total = len(raw) + pad + 1
+        if total < 1 << (8 * size):
+            return b"\x93NUMPY" + bytes([major, minor]) + struct.pack(fmt, total) + raw + b" " * pad + b"\n"
+    raise DataError(f"an .npy header of {len(raw)} bytes is too long")
 
 
 _FAST_HEADER = re.compile(
@@ -187,8 +219,8 @@ def read_header(f, path: str) -> tuple[tuple, bool, np.dtype, int]:
             shape, fortran, dtype = npf.read_array_header_1_0(f, max_header_size=MAX_HEADER)
         elif version == (2, 0):
             shape, fortran, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_HEADER)
-        elif version == (3, 0) and hasattr(_IMPL, "_read_array_header"):
-            shape, fortran, dtype = _IMPL._read_array_header(f, version, max_header_size=MAX_HEADER)
+        elif version == (3, 0):
+            shape, fortran, dtype = _read_header_3_0(f)
         else:
             raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
     except Exception as e:  # numpy evaluates the header as a literal: any failure there means "not an .npy"
