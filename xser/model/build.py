@@ -16,11 +16,11 @@ import attrs
 import numpy as np
 
 from . import typecheck
-from ..errors import DataError, Location, SpecError, XserError, did_you_mean
+from ..errors import DataError, Location, RegistryError, SpecError, XserError, did_you_mean
 from .adapters import LOAD
 from .params import BUILD, PRESET_NAME, PRESET_SOURCE, PRESET_WHERE, SUBCOL_RE, BuildState, fresh_name
 from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
-from .registry import lookup
+from .registry import info_for, lookup
 from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
 from ..spec.saved import absolute_paths, open_saved
 from ..storage.opened import OpenedDir
@@ -126,7 +126,10 @@ class Builder:
             fname = os.path.join(base, fname)
         key = os.path.realpath(fname)
         if key not in self.saved:
-            saved = open_saved(fname)
+            try:
+                saved = open_saved(fname)
+            except XserError as e:
+                raise SpecError(f"!LoadSerialized {args.get('filename')!r}: {e}", loc) from None
             self.opened.append(saved)
             self.doc.adopt(saved.doc)
             experiment = absolute_paths(saved.experiment, fname, saved.doc)
@@ -279,7 +282,12 @@ class Builder:
                 try:
                     value = typecheck.check_at(value, tp)
                 except typecheck.Mismatch as m:
-                    raise SpecError(f"expected {m.expected}, got {_describe(m.value)}", self._element_loc(node, key, path, m.where)) from None
+                    hint = ""
+                    tag = getattr(info_for(m.tp), "tag", None) if isinstance(m.tp, type) else None
+                    if tag is not None and isinstance(m.value, dict):
+                        hint = f"; a component needs its tag: {tag} {{...}}"
+                    raise SpecError(f"expected {m.expected}, got {_describe(m.value)}{hint}",
+                                    self._element_loc(node, key, path, m.where)) from None
             kwargs[key] = value
         obj = info.cls.__new__(info.cls)
         d = obj.__dict__
@@ -304,6 +312,8 @@ class Builder:
             d["_xser_id"] = xid
         try:
             obj.__init__(**kwargs)
+        except RegistryError as e:  # e.g. a shape from these arguments that cannot be: say which config line made it
+            raise SpecError(f"{info.tag} built from these arguments: {e.message}", here) from None
         except XserError:
             raise
         except Exception as e:
@@ -339,7 +349,10 @@ class Builder:
             return args  # only the parameters changed: migrate_params handles them when they are read
         if version < current:
             if info.migrate is None:
-                raise SpecError(f"{info.tag} was saved by version {version}; version {current} has no migrate= to read it", here)
+                raise SpecError(
+                    f"{info.tag} was saved by version {version}; version {current} has no migrate= to read it: add "
+                    f"@xser.serializable(version={current}, migrate=fn) with fn(args, old_version) -> the arguments of version "
+                    f"{current} (and migrate_params=fn(arrays, old_version) if parameters were renamed)", here)
             try:
                 args = info.migrate(dict(args), version)
             except Exception as e:

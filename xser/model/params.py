@@ -294,7 +294,9 @@ class Subcollection:
                 if now.shape != decl.shape or now.dtype != decl.dtype:
                     raise DataError(
                         f"param {name!r}: {where} was rebound to {shape_str(now.shape)} {now.dtype}, "
-                        f"declared {shape_str(decl.shape)} {decl.dtype}",
+                        f"declared {shape_str(decl.shape)} {decl.dtype}"
+                        + (f"; keep the dtype: .astype(np.{decl.dtype}) on the new value, or update in place ([...] =)"
+                           if now.shape == decl.shape else ""),
                         Location(path=self.name),
                     )
                 self._arrays[name] = arr = now

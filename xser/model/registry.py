@@ -131,7 +131,8 @@ def serializable(
                 raise RegistryError(f"{_qualname(cls)}: field name {f.name!r} is reserved by xser")
         old = _BY_TAG.get(name)
         if old is not None and _qualname(old.cls) != _qualname(cls):
-            raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and {_qualname(old.cls)}")
+            raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and {_qualname(old.cls)}; give one of them its own "
+                                f"tag: @xser.serializable(tag=\"!{cls.__name__}{'2' if name == '!' + cls.__name__ else ''}\")")
         if old is not None:
             _BY_CLASS.pop(old.cls, None)
             _HINTS.pop(old.cls, None)
@@ -171,7 +172,8 @@ def lookup(tag: str, location: Any = None) -> ComponentInfo:
     info = _BY_TAG.get(tag)
     if info is None:
         hint = did_you_mean(tag, list(_BY_TAG) + sorted(RESERVED_TAGS))
-        raise SpecError(f"unknown component {tag!r}{hint}", location)
+        raise SpecError(f"unknown component {tag!r}{hint}; import the module that defines its class before building or "
+                        "loading (xser.read_params and the xser tools need no classes)", location)
     return info
 
 

@@ -42,9 +42,9 @@ def _name(tp: Any) -> str:
 class Mismatch(Exception):
     """A value that does not fit: where inside the argument (a tuple of keys), what was expected, what was found."""
 
-    def __init__(self, where: tuple, expected: str, value: Any) -> None:
+    def __init__(self, where: tuple, expected: str, value: Any, tp: Any = None) -> None:
         super().__init__(expected)
-        self.where, self.expected, self.value = where, expected, value
+        self.where, self.expected, self.value, self.tp = where, expected, value, tp
 
 
 def check(value: Any, tp: Any) -> tuple[Any, str | None]:
@@ -61,7 +61,7 @@ def check_at(value: Any, tp: Any) -> Any:
 
 
 def _bad(v: Any, tp: Any, where: tuple) -> Mismatch:
-    return Mismatch(where, _name(tp), v)
+    return Mismatch(where, _name(tp), v, tp)
 
 
 def _check(v: Any, tp: Any, where: tuple) -> Any:  # noqa: C901 - one branch per kind of annotation

@@ -127,7 +127,8 @@ class SavedModel:
 
 
 def _not_saved(path: str) -> SpecError:
-    return SpecError("not a saved xser model (no xser_format key); is this a config file?", Location(path, 1, 1))
+    return SpecError("not a saved xser model (no xser_format key); is this a config file? Build and save it first: a saved "
+                     "model is the MODEL.yaml that xser.save writes beside MODEL.yaml.data/", Location(path, 1, 1))
 
 
 def open_saved(path: str | os.PathLike, checkpoint: int = 0) -> SavedModel:

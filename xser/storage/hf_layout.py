@@ -39,7 +39,9 @@ def hf_files(path: str) -> list[str]:
     single = os.path.join(path, SINGLE)
     if os.path.isfile(single):
         return [single]
-    raise DataError(f"not a model directory: neither {INDEX} nor {SINGLE} is in it", Location(path))
+    raise DataError(f"not a model directory: neither {INDEX} nor {SINGLE} is in it; pass a saved xser model's .yaml file "
+                    "(MODEL.yaml, beside MODEL.yaml.data/), a RecIS checkpoint directory or a Hugging Face safetensors directory",
+                    Location(path))
 
 
 def hf_tensors(files: list[str]) -> dict[str, tuple[str, Any, tuple, int, tuple]]:

@@ -59,6 +59,12 @@ class ModelLock:
                     holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
                 finally:
                     os.close(fd)
+                if holder == str(os.getpid()) or any(h.path == self.path and h.held for h in _HELD):
+                    raise CheckpointError(
+                        "this process already has a CheckpointSaver on this model: use that one, or close() it "
+                        "(or leave its with block) before making another",
+                        Location(self.path),
+                    ) from None
                 raise CheckpointError(
                     f"another process (pid {holder}) is saving this model; wait for it or save elsewhere",
                     Location(self.path),
