@@ -293,7 +293,7 @@ class TestLoadRules:
         p.write_text("e: {a: 1}\n")
         with pytest.raises(xser.SpecError) as info:
             xser.load(p)
-        assert str(info.value) == f"{p}:1:1: not a saved xser model (no xser_format key); is this a config file?"
+        assert str(info.value) == f"{p}:1:1: not a saved xser model (no xser_format key); is this a config file? Build and save it first: a saved model is the MODEL.yaml that xser.save writes beside MODEL.yaml.data/"
 
     def test_newer_spec_format(self, tmp_path):
         """A spec written by a newer xser is refused with both versions."""

@@ -79,7 +79,7 @@ ERRORS = [
     ("e:\n  a: !TVocab {vocab_file: /nonexistent/v.txt}\n", xser.SpecError,
      "{f}:2:6: a: !TVocab could not be built: FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/v.txt'"),
     ("e:\n  a: !LoadSerialized {filename: nope.yaml}\n", xser.SpecError,
-     "{d}/nope.yaml: file not found"),
+     "{f}:2:6: !LoadSerialized 'nope.yaml': {d}/nope.yaml: file not found"),
     ("e:\n  a: !LoadSerialized {filename: nope.yaml, pat: x}\n", xser.SpecError,
      "{f}:2:44: !LoadSerialized: unknown argument 'pat'; did you mean 'path'?"),
     ("e:\n  a: !LoadSerialized {path: x}\n", xser.SpecError,

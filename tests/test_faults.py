@@ -178,10 +178,10 @@ LOCK_CHILD = textwrap.dedent("""
     import components, xser
     saver = xser.CheckpointSaver({path!r}, keep=2)
     pid = os.fork()
-    if pid == 0:  # a DataLoader-like worker that outlives its parent
+    if pid == 0:  # a DataLoader-like worker that outlives its parent; it runs Python only after xser's fork hook
+        print(os.getpid(), flush=True)
         time.sleep(30)
         os._exit(0)
-    print(pid, flush=True)
     time.sleep(30)
 """)
 

@@ -196,7 +196,7 @@ class TestOneSourceOfTruth:
 
     BAD = [
         (lambda m: setattr(m, "weight", [0.0, 1.0, 2.0]), "param 'W': attribute .weight holds a list now, not the parameter's numpy array; update it in place (obj.weight[...] = new) or with xser.params(obj)['W'] = new"),
-        (lambda m: setattr(m, "weight", np.zeros(3, np.float64)), "param 'W': attribute .weight was rebound to (3,) float64, declared (3,) float32"),
+        (lambda m: setattr(m, "weight", np.zeros(3, np.float64)), "param 'W': attribute .weight was rebound to (3,) float64, declared (3,) float32; keep the dtype: .astype(np.float32) on the new value, or update in place ([...] =)"),
         (lambda m: setattr(m, "weight", 3.0), "param 'W': attribute .weight holds a float now, not the parameter's numpy array; update it in place (obj.weight[...] = new) or with xser.params(obj)['W'] = new"),
     ]
 

@@ -128,8 +128,8 @@ class Builder:
         if key not in self.saved:
             try:
                 saved = open_saved(fname)
-            except XserError as e:
-                raise SpecError(f"!LoadSerialized {args.get('filename')!r}: {e}", loc) from None
+            except XserError as e:  # the same kind of error, placed at the config line that asked for the file
+                raise type(e)(f"!LoadSerialized {args.get('filename')!r}: {e}", loc) from None
             self.opened.append(saved)
             self.doc.adopt(saved.doc)
             experiment = absolute_paths(saved.experiment, fname, saved.doc)

@@ -172,8 +172,10 @@ def lookup(tag: str, location: Any = None) -> ComponentInfo:
     info = _BY_TAG.get(tag)
     if info is None:
         hint = did_you_mean(tag, list(_BY_TAG) + sorted(RESERVED_TAGS))
-        raise SpecError(f"unknown component {tag!r}{hint}; import the module that defines its class before building or "
-                        "loading (xser.read_params and the xser tools need no classes)", location)
+        if not hint:  # nothing close is registered: most likely its class's module was never imported
+            hint = ("; import the module that defines its class before building or loading (xser.read_params and the "
+                    "xser tools need no classes)")
+        raise SpecError(f"unknown component {tag!r}{hint}", location)
     return info
 
 
