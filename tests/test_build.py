@@ -634,3 +634,45 @@ def test_field_type_errors_point_at_the_element(tmp_path, args, message):
     with pytest.raises(xser.SpecError) as info:
         xser.build(xser.load_config(tmp_path / "c.yaml")["l"])
     assert str(info.value) == message.format(f=tmp_path / "c.yaml")
+
+
+REPEAT_CONFIG = """\
+e:
+  layers: !Repeat {times: 3, content: !TLinear {in_dim: 2, out_dim: !RandomParam {values: [4, 8, 16]}}}
+  first: !Ref {path: layers.0}
+"""
+
+
+def test_repeat_and_random_param(tmp_path):
+    (tmp_path / "c.yaml").write_text(REPEAT_CONFIG)
+    spec = xser.load_config(tmp_path / "c.yaml")["e"]
+    e = xser.build(spec, seed=0)
+    assert len(e["layers"]) == 3 and e["first"] is e["layers"][0]
+    assert len({xser.params(x).name for x in e["layers"]}) == 3 and len({id(x.W) for x in e["layers"]}) == 3
+    dims = [x.out_dim for x in e["layers"]]
+    assert set(dims) <= {4, 8, 16} and dims == [x.out_dim for x in xser.build(spec, seed=0)["layers"]]  # the seed decides
+    assert len({tuple(x.out_dim for x in xser.build(spec, seed=s)["layers"]) for s in range(8)}) > 1
+    xser.save(e, tmp_path / "m.yaml")
+    text = (tmp_path / "m.yaml").read_text()
+    assert text.count("out_dim: !RandomParam") == 3 and f"drawn: {dims[0]}" in text and "values: [4, 8, 16]" in text
+    back = xser.load(tmp_path / "m.yaml")
+    assert [x.out_dim for x in back["layers"]] == dims and all((a.W == b.W).all() for a, b in zip(back["layers"], e["layers"]))
+    xser.save(back, tmp_path / "again.yaml")  # the record survives a second save
+    assert (tmp_path / "again.yaml").read_text().count("!RandomParam") == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("e: !Repeat {times: -1, content: 1}\n", "{f}:1:20: !Repeat: times must be an int from 0 to 100000, got -1"),
+    ("e: !Repeat {times: 2}\n", "{f}:1:4: !Repeat needs content: the component (or value) to repeat"),
+    ("e: !Repeat {times: 2, content: 1, extra: 3}\n", "{f}:1:4: !Repeat: unknown argument 'extra' (it takes times and content)"),
+    ("e: !Repeat {times: 2, content: !TLinear {in_dim: 1, out_dim: 1, xser_id: a}}\n",
+     "{f}:1:32: !Repeat: content marked xser_id 'a' would be 2 objects with one name; drop xser_id there (refer to a copy "
+     "by path: !Ref {{path: ...N}})"),
+    ("e: !RandomParam {values: []}\n", "{f}:1:26: !RandomParam: values must be a non-empty list of choices, got []"),
+    ("e: !RandomParam {values: [1, 2], drawn: 3}\n", "{f}:1:41: !RandomParam: drawn value 3 is not one of the values [1, 2]"),
+])
+def test_repeat_and_random_param_errors(tmp_path, text, message):
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(xser.SpecError) as info:
+        xser.build(xser.load_config(tmp_path / "c.yaml")["e"])
+    assert str(info.value) == message.format(f=tmp_path / "c.yaml")

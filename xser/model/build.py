@@ -26,6 +26,7 @@ from ..spec.saved import absolute_paths, open_saved
 from ..storage.opened import OpenedDir
 from .placeholders import substitute
 from .sources import Store, _Origin, _Source
+from .sugar import expand_sugar, random_args
 
 _log = logging.getLogger("xser")
 
@@ -70,6 +71,7 @@ class Builder:
         self.memo: dict[tuple, Any] = {}
         self.active: set[tuple] = set()
         self.resolver: Resolver | None = None
+        self.draws: dict[tuple, list] = {}
 
     # -- stores and saved models
 
@@ -199,9 +201,11 @@ class Builder:
             }
             values.update(placeholders or {})
             tree = substitute(tree, values, self.doc, Location(self.spec.file))
+            tree, self.draws = expand_sugar(tree, self.doc, self.state.rng)  # !Repeat, !RandomParam
         else:
             _refuse_loads(tree, self.doc)  # a saved spec never makes a load read another file
             tree = absolute_paths(tree, self.spec.file, self.doc)  # paths inside the model's directory, where it is now
+            tree, self.draws = expand_sugar(tree, self.doc, self.state.rng)  # saved: the drawn values again
             store = self.store(self.spec.data)
             store.prefetch(self.mark_origin(tree, store))
         outer = Resolver(tree, self.doc)
@@ -286,7 +290,7 @@ class Builder:
                     tag = getattr(info_for(m.tp), "tag", None) if isinstance(m.tp, type) else None
                     if tag is not None and isinstance(m.value, dict):
                         hint = f"; a component needs its tag: {tag} {{...}}"
-                    raise SpecError(f"expected {m.expected}, got {_describe(m.value)}{hint}",
+                    raise SpecError(f"expected {m.expected}, got {typecheck.describe(m.value)}{hint}",
                                     self._element_loc(node, key, path, m.where)) from None
             kwargs[key] = value
         obj = info.cls.__new__(info.cls)
@@ -310,6 +314,9 @@ class Builder:
             d[PRESET_SOURCE] = _Source(node.origin, here, (info.migrate_params, saved_version, info.tag) if old else None)
         if xid is not None:
             d["_xser_id"] = xid
+        drawn = random_args(self.draws, path, args)
+        if drawn:
+            d["_xser_random"] = drawn
         try:
             obj.__init__(**kwargs)
         except RegistryError as e:  # e.g. a shape from these arguments that cannot be: say which config line made it
@@ -371,12 +378,6 @@ def _refuse_loads(tree: Any, doc: Doc) -> None:
                 "and loading it never reads another file",
                 doc.where(node),
             )
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return f"{type(value).__name__} {value!r}"
-    return type(value).__name__
 
 
 def build(

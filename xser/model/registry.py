@@ -23,7 +23,7 @@ else:
         return lambda f: f
 
 #: Tags that the builder handles itself; no class may take them.
-RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized", "!ModelPath"})
+RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized", "!ModelPath", "!Repeat", "!RandomParam"})
 #: Keys that xser writes into a component's mapping; no field may use them.
 RESERVED_KEYS = frozenset({"xser_subcol_name", "xser_id", "xser_version"})
 

@@ -95,8 +95,11 @@ class _Dumper:
             xid = obj.__dict__.get("_xser_id")
             if xid is not None:
                 out["xser_id"] = xid
+            drawn = obj.__dict__.get("_xser_random") or {}
             for k, v in args.items():
                 out[k] = self.walk(v, path + (k,))
+                if k in drawn:  # a !RandomParam: the value drawn, and the choices it was drawn from
+                    out[k] = Tagged("!RandomParam", {"values": drawn[k], "drawn": out[k]})
             if info.version is not None:
                 out["xser_version"] = info.version
             sub = subcollection_of(obj)

@@ -20,7 +20,7 @@ import typing
 from collections import abc
 from typing import Any
 
-__all__ = ["check", "check_at"]
+__all__ = ["check", "check_at", "describe"]
 
 
 def _name(tp: Any) -> str:
@@ -146,3 +146,10 @@ def _check(v: Any, tp: Any, where: tuple) -> Any:  # noqa: C901 - one branch per
             return v
         raise _bad(v, tp, where)
     return v
+
+
+def describe(value: Any) -> str:
+    """A found value for a message: its type, and the value itself when it is a scalar."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__
