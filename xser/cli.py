@@ -39,6 +39,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if os.path.isdir(args.model) or args.model.endswith(".safetensors"):  # not an xser model: its tensors, by name
         print("\n".join(tensor_lines(args.model)))
         return 0
+    if args.json or args.plot:
+        import json
+
+        from .tools.trajectory import plot, trajectory
+
+        report = trajectory(args.model, verify=args.verify)
+        if args.plot:
+            plot(report, args.plot)
+        if args.json:
+            print(json.dumps(report, indent=2))
+            return 0
+        print(f"wrote {args.plot}: metrics over steps and each checkpoint's relative L2 distance to the newest")
+        return 0
     view = open_model(args.model, args.checkpoint)
     try:
         print("\n".join(view.lines()))
@@ -231,6 +244,9 @@ def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model spec, e.g. out/model.yaml")
     p.add_argument("--verify", action="store_true", help="check every file against its checksum")
     p.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="show checkpoint K (0 = newest); last; or the best by a recorded metric")
+    p.add_argument("--json", action="store_true",
+                   help="per checkpoint: step, time, metrics and the relative L2 distance of its weights to the newest, as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="draw the metrics over steps and those distances (needs matplotlib: xser[plot])")
 
 
 def _avg_args(p: argparse.ArgumentParser) -> None:
