@@ -64,18 +64,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(total: int, desc: str):
-    """A tqdm bar on a terminal (if tqdm is installed); quiet otherwise."""
-    if not sys.stderr.isatty():
-        return None, None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None, None
-    bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
-    return bar.update, bar
-
-
 def _which(text: str) -> Any:
     """--checkpoint: K (0 = newest), last, or best:METRIC[:max|min]."""
     from .storage.listing import Best
@@ -114,23 +102,11 @@ def _float_list(text: str) -> list[float]:
 def cmd_avg(args: argparse.Namespace) -> int:
     from .tools.average import average
 
-    bars = []
-
-    def start(total: int):
-        update, bar = _progress(total, "averaging")
-        bars.append(bar)
-        return update
-
-    try:
-        report = average(
-            args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
-            mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force, progress=start,
-            verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots,
-        )
-    finally:
-        for bar in bars:
-            if bar is not None:
-                bar.close()
+    report = average(  # a progress bar on a terminal (storage.progress), as every long operation has
+        args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
+        mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force,
+        verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots,
+    )
     used = ", ".join(
         f"{os.path.basename(c.path)} (step {c.step if c.step is not None else '-'}, weight {w:g})"
         for c, w in zip(report.checkpoints, report.weights)

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from . import writes_files
+from ..storage.progress import advance, progress
 from ..errors import CheckpointError, DataError, Location
 from ..model.params import NAME_RE, fresh_name, params
 from ..model.registry import serializable
@@ -120,9 +121,10 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, chec
             os.makedirs(staging)
             try:
                 metadata = {"format": "pt", "xser_spec": text}
-                for name, group in zip(names, groups):
-                    arrays = {k: Lazy(entries[k].dtype, entries[k].shape, _reader(data, entries[k], verify)) for k in group}
-                    SAFETENSORS.write_bundle(os.path.join(staging, name), arrays, metadata)
+                with progress(sum(e.nbytes for e in entries.values()), "exporting"):
+                    for name, group in zip(names, groups):
+                        arrays = {k: Lazy(entries[k].dtype, entries[k].shape, _reader(data, entries[k], verify)) for k in group}
+                        SAFETENSORS.write_bundle(os.path.join(staging, name), arrays, metadata)
                 total = sum(e.nbytes for e in entries.values())
                 if limit is not None:
                     index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, g in zip(names, groups) for k in g}}
@@ -142,6 +144,7 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, chec
 def _reader(data: Any, entry: Any, verify: bool) -> Any:
     def take(index: tuple | None = None) -> np.ndarray:
         a = data.read(entry, verify=verify)
+        advance(a.nbytes)
         return a if index is None else a[index]
 
     return take

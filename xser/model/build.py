@@ -24,6 +24,7 @@ from .registry import info_for, lookup
 from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
 from ..spec.saved import absolute_paths, open_saved
 from ..storage.opened import OpenedDir
+from ..storage.progress import progress
 from .placeholders import substitute
 from .sources import Store, _Origin, _Source
 from .sugar import expand_sugar, random_args
@@ -410,18 +411,20 @@ def build_spec(
         raise DataError(f'missing must be "error" or "init", got {missing!r}')
     builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows, tables=tables, missing=missing)
     options = LOAD.set({"mmap": mmap, "device": device})
-    try:
-        tree = builder.doc.copy(spec.tree)
-        obj = builder.run(tree, placeholders)
-        if strict and spec.data is not None:
-            builder.store(spec.data).check_all_used()
-        if spec.data is not None and (builder.store(spec.data).initialised or builder.state.unsaved):
-            _log.warning("%s: not in the saved data, started from their declared init (missing=\"init\"): %s",
-                         spec.data.path, ", ".join(builder.store(spec.data).initialised + (builder.state.unsaved or [])))
-    finally:
-        LOAD.reset(options)
-        builder.cancel()  # prefetches nobody asked for (strict=False), or all of them after a failure
-        builder.close()
+    total = 0 if spec.data is None or mmap else sum(e.nbytes for ps in spec.data.subcollections.values() for e in ps.values())
+    with progress(total, "loading"):
+        try:
+            tree = builder.doc.copy(spec.tree)
+            obj = builder.run(tree, placeholders)
+            if strict and spec.data is not None:
+                builder.store(spec.data).check_all_used()
+            if spec.data is not None and (builder.store(spec.data).initialised or builder.state.unsaved):
+                _log.warning("%s: not in the saved data, started from their declared init (missing=\"init\"): %s",
+                             spec.data.path, ", ".join(builder.store(spec.data).initialised + (builder.state.unsaved or [])))
+        finally:
+            LOAD.reset(options)
+            builder.cancel()  # prefetches nobody asked for (strict=False), or all of them after a failure
+            builder.close()
     _name_root(obj, spec.name)
     return obj
 

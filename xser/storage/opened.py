@@ -29,6 +29,7 @@ from ..errors import DataError, Location, did_you_mean
 from .checksums import digest_bytes
 from .checksums import verify as check_digest
 from .formats import get_format
+from .progress import advance
 from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
@@ -287,7 +288,7 @@ class OpenedDir(DirHandle):
                 except BaseException as err:
                     out[(e.subcol, e.name)] = _Done(None, err)
             else:
-                out[(e.subcol, e.name)] = pool().submit(self.read, e, mmap=mmap, verify=verify, rows=r)
+                out[(e.subcol, e.name)] = pool().submit(_reported, self.read, e, mmap=mmap, verify=verify, rows=r)
         return out
 
     def _map_npy(self, entry: ParamEntry) -> np.ndarray | None:
@@ -410,3 +411,10 @@ def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
         if size > MAX_MANIFEST:
             raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
         return f.read(size)  # exactly what fstat says (a read of the cap would allocate the cap)
+
+
+def _reported(read: Any, entry: ParamEntry, **kw: Any) -> np.ndarray:
+    """One parameter read on the I/O pool, counted towards the operation's progress bar."""
+    arr = read(entry, **kw)
+    advance(int(getattr(arr, "nbytes", 0)))
+    return arr

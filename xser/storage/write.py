@@ -25,6 +25,7 @@ from .fsutil import fsync_file, os_error
 from .payloads import Bundle, FromFile, Lazy, Stream
 from .plan import Piece, Plan
 from .pool import run_all
+from .progress import advance, progress
 
 __all__ = ["READ_ONLY", "WRITERS", "WriteResult", "link_or_copy", "read_only", "write"]
 
@@ -226,8 +227,25 @@ def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[
         try:
             result = writer(path, piece, durable)
             read_only(path)
+            advance(_nbytes(piece.payload))
             return result
         except OSError as e:
             raise os_error(e, "cannot write data directory", path) from None
 
-    return run_all(one, list(plan.pieces), threads)
+    with progress(sum(_nbytes(p.payload) for p in plan.pieces), "saving"):
+        return run_all(one, list(plan.pieces), threads)
+
+
+def _nbytes(payload: Any) -> int:
+    """The bytes a piece puts on disk, for the progress bar (a linked file counts its size: linking may copy)."""
+    if isinstance(payload, (bytes, bytearray)):
+        return len(payload)
+    if isinstance(payload, FromFile):
+        return int(payload.bytes)
+    if isinstance(payload, Bundle):
+        return sum(_nbytes(a) for a in payload.arrays.values())
+    if isinstance(payload, (Stream, Lazy)) or hasattr(payload, "blocks"):
+        if hasattr(payload, "blocks"):
+            return sum(_nbytes(b) for b in payload.blocks)
+        return int(np.prod(payload.shape, dtype=np.int64)) * np.dtype(payload.dtype).itemsize
+    return int(getattr(payload, "nbytes", 0))

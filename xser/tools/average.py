@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..storage.progress import advance
+from ..storage.progress import progress as progress_bar
 from ..api import retrying
 from ..checkpoints.policy import best_n
 from ..checkpoints.saver import SaveOptions, write_new_model
@@ -272,6 +274,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                         out[:m].view(np.uint8)[:] = first
                     else:
                         round_into(out[:m], acc[:m])
+                advance(m * dtype.itemsize * len(sources))
                 if progress is not None:
                     progress(m * dtype.itemsize * len(sources))
                 yield out[:m].view(np.uint8)
@@ -337,12 +340,11 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     for d, c in zip(dirs[1:], chosen[1:]):
         _check_same(dirs[0], d, chosen[0], c)
     newest = dirs[0]
-    if progress is not None:  # the bytes that will be read: the floating arrays of every selected checkpoint
-        total = sum(
-            e.nbytes for d in dirs for ps in d.subcollections.values() for e in ps.values()
-            if is_averaged(e.dtype)
-        )
+    # the bytes that will be read (the floating arrays of every selected checkpoint) and written
+    total = sum(e.nbytes for d in dirs for ps in d.subcollections.values() for e in ps.values() if is_averaged(e.dtype))
+    if progress is not None:
         progress = progress(total)
+    total += sum(e.nbytes for ps in newest.subcollections.values() for e in ps.values())
     workers = max(1, pool()._max_workers)
     arrays: dict[str, dict[str, tuple[Any, bool]]] = {}
     averaged, copied = [], []
@@ -386,5 +388,6 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     if spec_text is None:  # format_version 1: the top-level file is the spec
         with open(path, encoding="utf-8") as f:
             spec_text = f.read()
-    write_new_model(out, [Snapshot(spec_text, arrays, meta)], SaveOptions(durable), force=force)
+    with progress_bar(total, "averaging"):
+        write_new_model(out, [Snapshot(spec_text, arrays, meta)], SaveOptions(durable), force=force)
     return AverageReport(out, tuple(chosen), ws, tuple(averaged), tuple(copied), tuple(notes))
