@@ -1,8 +1,13 @@
 """The bundled demo: a two-layer classifier on synthetic data, in plain numpy.
 
-``xser demo OUTDIR`` builds the experiment in ``configs/demo.yaml``, trains it for a
-few epochs with minibatch SGD, saves it, loads it back and checks that the loaded
-model predicts exactly what the trained one did.
+``xser demo OUTDIR`` builds the experiment in ``configs/demo.yaml`` and trains it with
+minibatch SGD in two runs (the second resumes the first from its checkpoint: model,
+optimizer position and step), saves checkpoints with a dev metric, loads the model back and
+checks that it predicts exactly what the trained one did. Then it averages the kept
+checkpoints, converts them into independent models, ensembles those, prints a table of test
+accuracy and log-loss, and draws ``xser inspect --plot`` next to it. The task (overlapping
+classes, 20% label noise, a constant learning rate) leaves SGD's late checkpoints scattered
+around a minimum, which is where averaging and ensembling them help.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class SyntheticData:
     n_classes: int
     seed: int = 0
     spread: float = 1.0
+    label_noise: float = 0.0  # this share of the training labels is replaced by random classes
 
     def splits(self):
         rng = np.random.default_rng(self.seed)
@@ -39,7 +45,10 @@ class SyntheticData:
             x = (centres[y] + rng.normal(0.0, 1.0, (n, self.in_dim))) * scale + offset
             return x.astype(np.float32), y
 
-        return draw(self.n_train), draw(self.n_test)
+        (xtr, ytr), test = draw(self.n_train), draw(self.n_test)
+        flip = rng.random(len(ytr)) < self.label_noise
+        ytr = np.where(flip, rng.integers(0, self.n_classes, len(ytr)), ytr)
+        return (xtr, ytr), test
 
 
 @xser.serializable(tag="!DemoStandardize")
@@ -120,15 +129,20 @@ class SGD:
     batch_size: int = 32
     seed: int = 0
 
-    def train(self, model: Classifier, x, y, report: Callable[[int, float], None]) -> None:
+    def train(self, model: Classifier, x, y, report: Callable[[int, float], None], *, first: int = 1, last: int | None = None,
+              rng_state: dict | None = None) -> dict:
+        """Epochs ``first`` to ``last``; returns the shuffling generator's state, so a resumed run goes on identically."""
         rng = np.random.default_rng(self.seed)
-        for epoch in range(1, self.epochs + 1):
+        if rng_state is not None:
+            rng.bit_generator.state = rng_state
+        for epoch in range(first, (last or self.epochs) + 1):
             order = rng.permutation(len(y))
             losses = [
                 model.step(x[idx], y[idx], self.learning_rate)
                 for idx in (order[i : i + self.batch_size] for i in range(0, len(y), self.batch_size))
             ]
-            report(epoch, float(np.mean(losses)))
+            report(epoch, float(np.mean(losses)), rng.bit_generator.state)
+        return rng.bit_generator.state
 
 
 def accuracy(model: Classifier, x, y) -> float:
@@ -140,6 +154,10 @@ def _bytes(path: str) -> int:
     for dirpath, _, files in os.walk(path):
         total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
     return total
+
+
+def log_loss(probs: np.ndarray, y) -> float:
+    return float(-np.log(probs[np.arange(len(y)), y] + 1e-12).mean())
 
 
 def probabilities(model: Classifier, x) -> np.ndarray:
@@ -154,8 +172,11 @@ def ensemble_predict(ens: xser.Ensemble, x) -> np.ndarray:
     return np.mean([probabilities(member["model"], x) for member in ens.members], axis=0).argmax(axis=1)
 
 
-def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[str], None] = print) -> float:
-    """Train with checkpoints, save, load, average, convert and ensemble; returns the final test accuracy."""
+def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[str], None] = print) -> dict:
+    """Train with checkpoints (resuming once), save, load, average, convert and ensemble.
+
+    Returns ``{"accuracy": final test accuracy, "rows": [(label, test accuracy, test log-loss), ...]}``.
+    """
     from .tools.average import average
     from .tools.convert import convert_all
     from .tools.ensemble import ensemble
@@ -178,16 +199,27 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
     say(f"  model: {data.in_dim} -> {model.hidden.out_dim} -> {model.output.out_dim}, {n_params} trainable parameters")
     say(f"  test accuracy before training: {accuracy(model, xte, yte):.3f}")
     path = exp["model_file"]
-    every = max(1, trainer.epochs // 5)
-    with xser.CheckpointSaver(path, keep=5, restart=True) as saver:
+    every = max(1, trainer.epochs // 10)
+    stop = trainer.epochs // 2
+    for attempt in ("first run", "second run"):  # the same loop twice: the second resumes the first
+        run = xser.resume(path) if attempt == "second run" else None
+        if run is None:
+            first, rng_state = 1, None
+        else:
+            exp, rng_state, first = run.model, run.training_state["shuffle"], run.step + 1
+            model = exp["model"]
+            say(f"  {attempt}: resumed from {os.path.basename(run.checkpoint.path)} at epoch {run.step}")
+        with xser.CheckpointSaver(path, keep=5, restart=attempt == "first run") as saver:
 
-        def report(epoch, loss):
-            train_acc = accuracy(model, xtr, ytr)
-            if epoch % every == 0 or epoch == trainer.epochs:
-                saver.save(exp, step=epoch, metrics={"loss": loss, "train_accuracy": train_acc})
-                say(f"  epoch {epoch:3d}  loss {loss:.4f}  train accuracy {train_acc:.3f}  (checkpoint saved)")
+            def report(epoch, loss, state):
+                if epoch % every == 0 or epoch == trainer.epochs:
+                    train_acc = accuracy(model, xtr, ytr)
+                    saver.save(exp, step=epoch, metrics={"loss": loss, "train_accuracy": train_acc}, training_state={"shuffle": state})
+                    say(f"  epoch {epoch:3d}  loss {loss:.4f}  train accuracy {train_acc:.3f}  (checkpoint saved)")
 
-        trainer.train(model, xtr, ytr, report)
+            trainer.train(model, xtr, ytr, report, first=first, last=stop if attempt == "first run" else None, rng_state=rng_state)
+        if attempt == "first run":
+            say(f"  first run stops after epoch {stop} (as a job that ran out of time would)")
     acc = accuracy(model, xte, yte)
     predictions = model.predict(xte)
     say(f"  test accuracy after training: {acc:.3f}")
@@ -208,17 +240,28 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
     ensemble([r.out for r in converted], ens_path, force=True)
     rows = []
     for c in xser.checkpoints(path):
-        m = xser.load(path, checkpoint=c.index)["model"]
-        rows.append((f"checkpoint {c.index} (epoch {c.step})", accuracy(m, xte, yte)))
-    rows.append((f"average of {len(converted)} checkpoints", accuracy(xser.load(avg_path)["model"], xte, yte)))
+        p = probabilities(xser.load(path, checkpoint=c.index)["model"], xte)
+        rows.append((f"checkpoint {c.index} (epoch {c.step})", float((p.argmax(1) == yte).mean()), log_loss(p, yte)))
+    mean_acc, mean_loss = float(np.mean([r[1] for r in rows])), float(np.mean([r[2] for r in rows]))
+    p = probabilities(xser.load(avg_path)["model"], xte)
+    rows.append((f"mean of the {len(converted)} checkpoints", mean_acc, mean_loss))
+    rows.append((f"average of {len(converted)} checkpoints", float((p.argmax(1) == yte).mean()), log_loss(p, yte)))
     ens = xser.load(ens_path)
-    rows.append((f"ensemble of {len(ens.members)} checkpoints", float((ensemble_predict(ens, xte) == yte).mean())))
+    p = np.mean([probabilities(member["model"], xte) for member in ens.members], axis=0)
+    rows.append((f"ensemble of {len(ens.members)} checkpoints", float((p.argmax(1) == yte).mean()), log_loss(p, yte)))
     width = max(len(r[0]) for r in rows)
     say("")
-    say(f"  {'model':<{width}}  test accuracy")
-    for label, value in rows:
-        say(f"  {label:<{width}}  {value:.3f}")
+    say(f"  {'model':<{width}}  test accuracy  test log-loss")
+    for label, value, loss in rows:
+        say(f"  {label:<{width}}  {value:13.3f}  {loss:13.3f}")
     say("")
     say(f"average: {avg_path}; converted checkpoints: {os.path.dirname(converted[0].out)}/; ensemble: {ens_path}")
+    try:
+        from .tools.trajectory import plot, trajectory
+
+        plot(trajectory(path), f"{root}.png")
+        say(f"plot of the checkpoints (metrics, distance to the newest): {root}.png")
+    except xser.DataError as e:
+        say(f"no plot: {e.message}")
     say(f"inspect them with: xser inspect {path}")
-    return acc
+    return {"accuracy": acc, "rows": rows}
