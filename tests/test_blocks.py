@@ -115,7 +115,7 @@ class TestBadBlocks:
         (lambda bs: bs[0].pop("start"), "block start must be a list of non-negative ints, got None"),
         (lambda bs: bs[0].update(start=[0]), "block start [0] and shape [4, 4] must have 2 dimensions"),
         (lambda bs: bs[0].update(start=[0, -1]), "block start must be a list of non-negative ints, got [0, -1]"),
-        (lambda bs: bs[0].update(format="npz"), "unknown weight format 'npz' (known: binary-column, colid-value-binary, colid-value-text, dense-text, dynet-text, npy, rowid-colid-value-binary, rowid-colid-value-text, safetensors, sparse-text, text-column, value-binary, value-text); did you mean 'npy'?"),
+        (lambda bs: bs[0].update(format="npz"), "unknown weight format 'npz' (known: binary-column, colid-value-binary, colid-value-text, dense-text, dynet-text, npy, raw, rowid-colid-value-binary, rowid-colid-value-text, safetensors, sparse-text, text-column, value-binary, value-text); did you mean 'npy'?"),
     ])
     def test_table(self, tmp_path, edit, message):
         """Gaps, overlaps and malformed blocks are refused with the manifest's location."""

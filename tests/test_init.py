@@ -14,7 +14,7 @@ def test_public_names():
         "IdSlice", "KeepBest",
         "KeepEvery", "KeepLast", "Location", "PartialSaver", "RegistryError", "SaveReport", "SpecError", "Subcollection", "XserError",
         "__version__", "build", "checkpoints", "load", "load_config", "load_into", "load_training_state", "params", "read_params",
-        "register_format", "Resumed", "resume", "save", "serializable", "split_overrides",
+        "register_format", "resources", "Resumed", "resume", "save", "serializable", "split_overrides",
     ], key=str.lower)
     assert xser.__all__ == sorted(xser.__all__, key=str.lower)
 

@@ -76,7 +76,7 @@ class TestManifest:
         (lambda m: first(m).update(dtype="|O"), "corrupt manifest: {sub}/W: object dtypes need pickle and are not supported"),
         (lambda m: first(m).update(shape=[6, -4]), "corrupt manifest: {sub}/W: bad shape [6, -4]"),
         (lambda m: first(m).update(blocks=[]), "corrupt manifest: {sub}/W: blocks must be a non-empty list"),
-        (lambda m: block(m).update(format="hdf5"), "corrupt manifest: {sub}/W: unknown weight format 'hdf5' (known: binary-column, colid-value-binary, colid-value-text, dense-text, dynet-text, npy, rowid-colid-value-binary, rowid-colid-value-text, safetensors, sparse-text, text-column, value-binary, value-text)"),
+        (lambda m: block(m).update(format="hdf5"), "corrupt manifest: {sub}/W: unknown weight format 'hdf5' (known: binary-column, colid-value-binary, colid-value-text, dense-text, dynet-text, npy, raw, rowid-colid-value-binary, rowid-colid-value-text, safetensors, sparse-text, text-column, value-binary, value-text)"),
         (lambda m: block(m).pop("xxh3_64"), "corrupt manifest: {sub}/W: a block needs exactly one checksum (xxh3_64 or crc32)"),
         (lambda m: block(m).update(rows=[0, 3]), "corrupt manifest: {sub}/W: block fields not understood by this xser: ['bytes', 'file', 'format', 'rows', 'xxh3_64']"),
         (lambda m: block(m).update(bytes=-1), "corrupt manifest: {sub}/W: bad byte size -1"),

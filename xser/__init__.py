@@ -44,6 +44,7 @@ from .model.params import Subcollection as Subcollection
 from .model.tables import HashTable as HashTable
 from .model.tables import IdSlice as IdSlice
 from .model.params import params as params
+from .model.resources import resources as resources
 from .model.registry import serializable as serializable
 from .storage.formats import register_format as register_format
 from .storage.listing import Checkpoint as Checkpoint
@@ -78,6 +79,7 @@ __all__ = [
     "read_params",
     "register_format",
     "RegistryError",
+    "resources",
     "resume",
     "Resumed",
     "save",

@@ -254,6 +254,17 @@ class _Source:
             return list(self.origin.store.migrate(self.origin.stored_name, fn, version, tag, self.where))
         return list(self.origin.store.dir.subcollections[self.origin.stored_name])
 
+    def entry(self, name: str) -> Any:
+        """The checkpoint's entry for one of this component's parameters (None: not there, or nothing loaded)."""
+        if self.fresh or self.origin.stored_name is None:
+            return None
+        return self.origin.store.dir.subcollections.get(self.origin.stored_name, {}).get(name)
+
+    def file_of(self, name: str) -> str:
+        """The path of the file holding a whole parameter in the checkpoint this component was loaded from."""
+        block = self.entry(name).blocks[0]
+        return os.path.join(self.origin.store.dir.path, block.file)
+
     def keep_missing(self, names: list[str]) -> bool:
         """With ``missing="init"``: these parameters absent on disk keep their declared init (recorded); else False."""
         if self.origin.store.missing != "init":

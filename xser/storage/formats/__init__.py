@@ -21,13 +21,15 @@ from ...errors import DataError, Location, RegistryError
 from ..checksums import DEFAULT_CHECKSUM, digest_stream
 from ..checksums import verify as check_digest
 from .npy import NPY, Format
+from .raw import RAW
 from .safetensors import SAFETENSORS
 from .text import DENSE_TEXT, SPARSE_TEXT
 from .whole import DecodedWhole
 
 __all__ = ["DEFAULT_CHECKSUM", "FORMATS", "Format", "get_format", "register_format"]
 
-FORMATS: dict[str, Any] = {NPY.name: NPY, DENSE_TEXT.name: DENSE_TEXT, SPARSE_TEXT.name: SPARSE_TEXT, SAFETENSORS.name: SAFETENSORS}
+FORMATS: dict[str, Any] = {NPY.name: NPY, DENSE_TEXT.name: DENSE_TEXT, SPARSE_TEXT.name: SPARSE_TEXT, SAFETENSORS.name: SAFETENSORS,
+                           RAW.name: RAW}
 _ENTRY_POINTS_LOADED = False
 
 
