@@ -16,6 +16,18 @@ from components import Linear
 from strategies import bit_equal, leaf_of
 from xser.storage.formats.text import DENSE_TEXT, SPARSE_TEXT, format_float32, parse_float32
 
+
+@pytest.fixture(autouse=True)
+def _forget_registered_formats():
+    """Formats a test registers do not outlive it (they would change other tests' lists of known formats)."""
+    from xser.storage import formats as fm
+    from xser.storage.formats.external import EXTERNAL
+
+    before = set(fm.FORMATS) | set(EXTERNAL())  # the built-in external formats join the table lazily: they stay
+    yield
+    for name in set(fm.FORMATS) - before:
+        del fm.FORMATS[name]
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

@@ -19,12 +19,11 @@ import numpy as np
 
 from ...errors import DataError, Location, RegistryError
 from ..checksums import DEFAULT_CHECKSUM, digest_stream
-from ..checksums import verify as check_digest
 from .npy import NPY, Format
 from .raw import RAW
 from .safetensors import SAFETENSORS
 from .text import DENSE_TEXT, SPARSE_TEXT
-from .whole import DecodedWhole
+from .whole import DecodedWhole, check_file
 
 __all__ = ["DEFAULT_CHECKSUM", "FORMATS", "Format", "get_format", "register_format"]
 
@@ -57,12 +56,7 @@ class UserFormat(DecodedWhole):
             return digest_stream(f)
 
     def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
-        if verify is not None:
-            f.seek(0)
-            check_digest(verify, digest_stream(f, verify[0])[1], where)
+        check_file(f, where, size, verify)
         try:
             out = np.asarray(self.reader(_fd_path(f, where), dtype, tuple(shape)))
         except DataError:

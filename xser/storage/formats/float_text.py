@@ -86,16 +86,22 @@ def _parse_chunk(chars: np.ndarray) -> np.ndarray | None:
     return np.where(chars[:, 0] == ord("-"), -value, value).astype(np.float32)
 
 
+def decimal_digits(v: np.ndarray) -> np.ndarray:
+    """How many decimal digits each non-negative integer has (int64 array)."""
+    n = np.ones(v.size, np.int64)
+    for k in range(1, 19):
+        more = v >= 10**k
+        if not more.any():
+            break
+        n += more
+    return n
+
+
 def _sparse_block(block: np.ndarray, threshold: float) -> bytes:
     """sparse-text lines of finite float32 rows: ``j:%+.8e `` per kept value, ``\\n`` per row, built as one byte array."""
     keep = (np.abs(block) > threshold) if threshold else ((block != 0) | np.signbit(block))
     r, c = np.nonzero(keep)
-    digits = np.ones(c.size, np.int64)
-    for k in range(1, 20):
-        more = c >= 10**k
-        if not more.any():
-            break
-        digits += more
+    digits = decimal_digits(c)
     width = digits + 17  # "j" + ":" + 15 characters of the value + " "
     per_row = np.bincount(r, weights=width, minlength=block.shape[0]).astype(np.int64) + 1
     out = np.empty(int(per_row.sum()), np.uint8)

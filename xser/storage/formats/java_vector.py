@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .float_text import decimal_digits
 from .java_text import decimal6, java_string, scales
 
 __all__ = ["decimal6_chars", "int_chars", "java_chars", "join_records"]
@@ -44,14 +45,7 @@ def _p10(k: np.ndarray) -> np.ndarray:
     return _P10[k + 340]
 
 
-def _ndigits(v: np.ndarray) -> np.ndarray:
-    n = np.ones(v.size, np.int64)
-    for k in range(1, 19):
-        more = v >= 10**k
-        if not more.any():
-            break
-        n += more
-    return n
+_ndigits = decimal_digits
 
 
 _POW10_INT = np.array([10**i for i in range(19)], np.int64)

@@ -9,7 +9,6 @@ the header against the manifest and the file size *before* allocating anything.
 from __future__ import annotations
 
 import ast
-import io
 import math
 import mmap
 import os

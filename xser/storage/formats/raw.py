@@ -9,8 +9,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...errors import DataError, Location
-from ..checksums import digest_bytes, digest_stream
-from ..checksums import verify as check_digest
+from ..checksums import digest_bytes
+from .whole import check_file
 
 __all__ = ["RAW"]
 
@@ -36,16 +36,9 @@ class RawFormat:
         return len(data), known[1] if known is not None else digest_bytes(data)
 
     def _check(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, verify: Any) -> None:
-        import os
-
         if np.dtype(dtype) != np.uint8 or len(shape) != 1 or shape[0] != size:
             raise DataError(f"format 'raw' holds a file's bytes, the manifest says {dtype} {tuple(shape)} in {size} bytes", Location(where))
-        actual = os.fstat(f.fileno()).st_size
-        if actual != size:
-            raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
-        if verify is not None:
-            f.seek(0)
-            check_digest(verify, digest_stream(f, verify[0])[1], where)
+        check_file(f, where, size, verify)
 
     def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
         self._check(f, where, dtype, shape, size, verify)

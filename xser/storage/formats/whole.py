@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["DecodedWhole"]
+from ...errors import DataError, Location
+from ..checksums import digest_stream
+from ..checksums import verify as check_digest
+
+__all__ = ["DecodedWhole", "check_file"]
 
 
 class DecodedWhole:
@@ -20,3 +25,13 @@ class DecodedWhole:
         flat = self.read(f, where, dtype, shape, size, mmap=False, verify=verify).reshape(-1)
         for start in range(0, flat.size, max(1, elements)):
             yield flat[start : start + elements]
+
+
+def check_file(f: BinaryIO, where: str, size: int, verify: Any) -> None:
+    """The open file has the manifest's size and (``verify``: an (algorithm, digest) pair) its checksum."""
+    actual = os.fstat(f.fileno()).st_size
+    if actual != size:
+        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
+    if verify is not None:
+        f.seek(0)
+        check_digest(verify, digest_stream(f, verify[0])[1], where)
