@@ -21,6 +21,7 @@ from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location
 from ..spec import dump, iter_tagged
 from ..spec.saved import absolute_paths, open_saved, relative_paths, spec_header
+from ..storage.listing import selector
 from ..storage import training_state
 from ..storage.listing import Checkpoint, checkpoints
 from ..storage.opened import OpenedDir
@@ -98,14 +99,18 @@ def convert(
     path: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    checkpoint: int = 0,
+    checkpoint: Any = 0,
+    metric: str | None = None,
+    mode: str = "max",
     keep_training_state: bool = False,
     durable: bool = True,
     force: bool = False,
     verify: bool = True,
 ) -> ConvertReport:
-    """Write checkpoint ``checkpoint`` of ``path`` as a new model at ``out`` with fresh names."""
+    """Write checkpoint ``checkpoint`` of ``path`` as a new model at ``out`` with fresh names (``checkpoint="best",
+    metric=..., mode=...`` or ``"last"`` select as for ``xser.load``)."""
     path, out = os.fspath(path), os.fspath(out)
+    checkpoint = selector(checkpoint, metric, mode, path)
     if os.path.realpath(path) == os.path.realpath(out):
         raise CheckpointError("the output is the input model; choose another --out", Location(out))
 
