@@ -60,3 +60,26 @@ def test_nested_operations_report_to_the_outer_bar(monkeypatch):
         progress.advance(3)
         progress._current.remove(seen.append)
     assert seen == [7, 3] and np.all(np.array(seen) > 0)
+
+
+def test_bars_for_every_export(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XSER_PROGRESS", "1")
+    lin = Linear(300, 200)
+    xser.save(lin, tmp_path / "m.yaml")
+    sub = xser.params(lin).name
+    capsys.readouterr()
+    for args in (["angel", str(tmp_path / "m.yaml"), f"{sub}/W", str(tmp_path / "ang")],
+                 ["dismec", str(tmp_path / "m.yaml"), f"{sub}/W", str(tmp_path / "d" / "meta.json")],
+                 ["recis", str(tmp_path / "m.yaml"), str(tmp_path / "recis")]):
+        assert main(["export", *args]) == 0
+        assert "exporting" in _bars(capsys.readouterr().err), args[0]
+
+
+def test_a_failed_operation_leaves_no_bar_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("XSER_PROGRESS", "1")
+    try:
+        with progress.progress(10, "x"):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert progress._depth == 0 and progress._current == []

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import writes_files
+from ..storage.progress import advance, progress
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -98,23 +99,25 @@ def export_angel(
     written = []
     if per_file < 1:
         raise DataError(f"per_file must be at least 1, got {per_file}")
-    for g0, g1 in file_groups(len(parts), per_file):
-        group = parts[g0:g1]
-        fname = str(group[0][0])
-        offset = 0
-        with open(os.path.join(target, fname), "wb") as fh:
-            for pid, r0, r1 in group:
-                data = encode_partition(w, r0, r1, 0, cols, format, is_float, sep)
-                fh.write(data)
-                metas[str(pid)] = {
-                    "partId": pid, "startRow": r0, "endRow": r1, "startCol": 0, "endCol": cols, "nnz": (r1 - r0) * cols,
-                    "saveRowNum": 0 if column else r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
-                    "fileName": fname, "offset": offset, "length": len(data),
-                    "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0}
-                                 for r in hashmap_order(list(range(r0, r1)), r1 - r0)},
-                }
-                offset += len(data)
-        written.append(os.path.join(target, fname))
+    with progress(w.nbytes, "exporting"):
+        for g0, g1 in file_groups(len(parts), per_file):
+            group = parts[g0:g1]
+            fname = str(group[0][0])
+            offset = 0
+            with open(os.path.join(target, fname), "wb") as fh:
+                for pid, r0, r1 in group:
+                    data = encode_partition(w, r0, r1, 0, cols, format, is_float, sep)
+                    fh.write(data)
+                    advance(w[r0:r1].nbytes)
+                    metas[str(pid)] = {
+                        "partId": pid, "startRow": r0, "endRow": r1, "startCol": 0, "endCol": cols, "nnz": (r1 - r0) * cols,
+                        "saveRowNum": 0 if column else r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
+                        "fileName": fname, "offset": offset, "length": len(data),
+                        "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0}
+                                     for r in hashmap_order(list(range(r0, r1)), r1 - r0)},
+                    }
+                    offset += len(data)
+            written.append(os.path.join(target, fname))
     meta = {
         "matrixId": 1, "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": 7 if is_float else 0,
         "row": rows, "col": cols, "blockRow": block, "blockCol": cols,

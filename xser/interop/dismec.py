@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from . import writes_files
+from ..storage.progress import advance, progress
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -361,15 +362,17 @@ def export_dismec(
     os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
     written = []
     row = 0
-    for (first, count), fname, format in zip(ranges, names, formats):
-        rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
-        row += count
-        data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
-                "DenseNPY": lambda: _dismec_npy(rows)}[format]()
-        path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
-        with open(path, "wb") as f:
-            f.write(data)
-        written.append(path)
+    with progress(w.nbytes, "exporting"):
+        for (first, count), fname, format in zip(ranges, names, formats):
+            rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
+            row += count
+            data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
+                    "DenseNPY": lambda: _dismec_npy(rows)}[format]()
+            path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
+            with open(path, "wb") as f:
+                f.write(data)
+            written.append(path)
+            advance(rows.nbytes)
     meta = {
         **extra,
         "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),

@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from . import writes_files
+from ..storage.progress import advance, progress
 from ..errors import CheckpointError, DataError, Location
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -171,10 +172,14 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
         staging = f"{out}.tmp-{secrets.token_hex(4)}"
         os.makedirs(staging)
         try:
-            for name, body in files.items():
-                with open(os.path.join(staging, name), "wb") as f:
-                    for piece in [body] if isinstance(body, bytes) else body:
-                        f.write(piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).tobytes())
+            total = sum(a.nbytes for t in tables.values() for a in t.values()) + sum(a.nbytes for a in dense.values())
+            with progress(total, "exporting"):
+                for name, body in files.items():
+                    with open(os.path.join(staging, name), "wb") as f:
+                        for piece in [body] if isinstance(body, bytes) else body:
+                            raw = piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).tobytes()
+                            f.write(raw)
+                            advance(len(raw))
             if model_pt and dense:
                 _model_pt(os.path.join(staging, "model.pt"), dense)
             _put_in_place(staging, out)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import writes_files
+from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
 from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
@@ -156,26 +157,28 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
         newest = s.listed[0][1]
         exp = with_spec(model, newest).experiment
         spec_names = [n.args["xser_subcol_name"] for n in iter_tagged(exp) if isinstance(n.args.get("xser_subcol_name"), str)]
-        for c, data in s.listed:
-            xnmt = (data.meta.get("training") or {}).get("xnmt") or {}
-            layout = xnmt.get("records") or {}
-            target = out + ".data" + ("" if c.index == 0 else f".{c.index}")
-            os.makedirs(target, exist_ok=True)
-            for sub, params in data.subcollections.items():
-                arrays = {n: data.read(e) for n, e in params.items()}
-                for n, a in arrays.items():
-                    if a.ndim == 0 or a.dtype.kind != "f" or not np.array_equal(a.astype(np.float32).astype(a.dtype), a, equal_nan=True):
-                        raise DataError(
-                            f"{sub}/{n} is {a.dtype} of shape {tuple(a.shape)}: DyNet (XNMT) holds float32 arrays of at least "
-                            "one dimension, so it cannot be exported without changing it",
-                            Location(data.path),
-                        )
-                records = _records(sub, params, arrays, layout.get(sub))
-                body = write_dynet_text(records)
-                path = os.path.join(target, sub)
-                with open(path, "wb") as f:
-                    f.write(body)
-                written.append(path)
+        with progress(sum(e.nbytes for _, d in s.listed for ps in d.subcollections.values() for e in ps.values()), "exporting"):
+            for c, data in s.listed:
+                xnmt = (data.meta.get("training") or {}).get("xnmt") or {}
+                layout = xnmt.get("records") or {}
+                target = out + ".data" + ("" if c.index == 0 else f".{c.index}")
+                os.makedirs(target, exist_ok=True)
+                for sub, params in data.subcollections.items():
+                    arrays = {n: data.read(e) for n, e in params.items()}
+                    for n, a in arrays.items():
+                        if a.ndim == 0 or a.dtype.kind != "f" or not np.array_equal(a.astype(np.float32).astype(a.dtype), a, equal_nan=True):
+                            raise DataError(
+                                f"{sub}/{n} is {a.dtype} of shape {tuple(a.shape)}: DyNet (XNMT) holds float32 arrays of at least "
+                                "one dimension, so it cannot be exported without changing it",
+                                Location(data.path),
+                            )
+                    records = _records(sub, params, arrays, layout.get(sub))
+                    body = write_dynet_text(records)
+                    path = os.path.join(target, sub)
+                    with open(path, "wb") as f:
+                        f.write(body)
+                    written.append(path)
+                    advance(sum(a.nbytes for a in arrays.values()))
         first = newest.meta.get("training", {}).get("xnmt", {})
     text = first.get("mod_text")
     original = [m for m in re.findall(r"xnmt_subcol_name: (\S+)", text)] if text else None
