@@ -512,13 +512,9 @@ def test_resume_gives_the_checkpoint_it_read(tmp_path):
 
 
 def _scored(tmp_path, devs):
-    path = tmp_path / "m.yaml"
-    lin = Linear(2, 2)
-    with xser.CheckpointSaver(path, keep=len(devs)) as saver:
-        for step, dev in enumerate(devs, 1):
-            lin.W[...] = step
-            saver.save(lin, step=step, metrics={} if dev is None else {"dev": dev}, training_state={"s": step})
-    return path
+    from helpers import scored_model
+
+    return scored_model(tmp_path / "m.yaml", devs)
 
 
 @pytest.mark.parametrize("devs, mode, step", [

@@ -214,12 +214,9 @@ class TestCleanFailures:
 
 
 def _scored_model(tmp_path):
-    lin = Linear(2, 2)
-    with xser.CheckpointSaver(tmp_path / "m.yaml", keep=5) as saver:
-        for step, dev in enumerate([0.1, 0.9, 0.3], 1):
-            lin.W[...] = step
-            saver.save(lin, step=step, metrics={"dev": dev})
-    return tmp_path / "m.yaml"
+    from helpers import scored_model
+
+    return scored_model(tmp_path / "m.yaml", [0.1, 0.9, 0.3])
 
 
 @pytest.mark.parametrize("which, step", [("best:dev", 2), ("best:dev:min", 1), ("last", 3), ("2", 1)])

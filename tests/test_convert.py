@@ -141,13 +141,9 @@ def test_published_files_are_read_only(tmp_path, run):
 
 
 def test_convert_the_best_checkpoint(tmp_path):
-    from components import Linear
+    from helpers import scored_model
     from xser.tools.convert import convert
 
-    lin = Linear(2, 2)
-    with xser.CheckpointSaver(tmp_path / "m.yaml", keep=3) as saver:
-        for step, bleu in enumerate([20.0, 31.0, 25.0], 1):
-            lin.W[...] = step
-            saver.save(lin, step=step, metrics={"bleu": bleu})
+    scored_model(tmp_path / "m.yaml", [20.0, 31.0, 25.0], metric="bleu")
     report = convert(tmp_path / "m.yaml", tmp_path / "best.yaml", checkpoint="best", metric="bleu")
     assert report.source.endswith("m.yaml.data.1") and (xser.load(tmp_path / "best.yaml").W == 2).all()
