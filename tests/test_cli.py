@@ -247,7 +247,7 @@ def test_exports_name_params_by_component_path_and_never_overwrite_silently(tmp_
     assert main(args) == 0
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert err.strip().endswith("the output exists; pass --force (force=True) to replace it")
+    assert err.strip().endswith("the output exists; remove it or pass --force to replace it")
     assert main([*args, "--force"]) == 0
     assert main(["export", system, str(tmp_path / "m.yaml"), f"{sub}/W", str(tmp_path / out), "--force"]) == 0
     assert main(["export", system, str(tmp_path / "m.yaml"), "encoder.w", str(tmp_path / "other")]) == 1

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import DataError, Location, did_you_mean
+from ..errors import CheckpointError, DataError, Location, did_you_mean
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,13 +43,12 @@ def read_param(model: str | os.PathLike, param: str, checkpoint: Any = 0) -> np.
             data = saved.data
             sub, _, name = param.partition("/")
             entry = data.subcollections.get(sub, {}).get(name) if name else None
+            flat = flat_keys(saved.experiment, data.subcollections) if entry is None else {}
+            if param in flat:
+                sub, name = flat[param]
+                entry = data.subcollections[sub][name]
             if entry is None:
-                flat = flat_keys(saved.experiment, data.subcollections)
-                if param in flat:
-                    sub, name = flat[param]
-                    entry = data.subcollections[sub][name]
-            if entry is None:
-                known = list(flat_keys(saved.experiment, data.subcollections)) + [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
+                known = list(flat) + [f"{s}/{n}" for s, ps in data.subcollections.items() for n in ps]
                 raise DataError(f"no parameter {param!r}{did_you_mean(param, known)}", Location(os.fspath(model)))
             return np.asarray(data.read(entry))
 
@@ -57,6 +56,6 @@ def read_param(model: str | os.PathLike, param: str, checkpoint: Any = 0) -> np.
 
 
 def refuse_existing(path: str, force: bool) -> None:
-    """An export never overwrites silently: an existing output is an error unless ``force``."""
+    """An export never overwrites silently: an existing output (a dangling link too) is an error unless ``force``."""
     if os.path.lexists(path) and not force:
-        raise DataError("the output exists; pass --force (force=True) to replace it", Location(path))
+        raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(path))

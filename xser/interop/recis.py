@@ -19,9 +19,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import writes_files
+from . import refuse_existing, writes_files
 from ..storage.progress import advance, progress
-from ..errors import CheckpointError, DataError, Location
+from ..errors import DataError, Location
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
 from ..model.serialize import subcols_by_path
@@ -162,8 +162,7 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
     from .safetensors import _put_in_place
 
     model, out = os.fspath(model), os.fspath(out)
-    if os.path.lexists(out) and not force:
-        raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(out))
+    refuse_existing(out, force)
 
     def once() -> list[str]:
         with open_saved(model, checkpoint) as saved:

@@ -21,9 +21,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import writes_files
+from . import refuse_existing, writes_files
 from ..storage.progress import advance, progress
-from ..errors import CheckpointError, DataError, Location
+from ..errors import DataError, Location
 from ..model.params import NAME_RE, fresh_name, params
 from ..model.registry import serializable
 from ..model.serialize import flat_keys
@@ -99,8 +99,7 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, chec
 
     model, out = os.fspath(model), os.fspath(out)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    if os.path.lexists(out) and not force:
-        raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(out))
+    refuse_existing(out, force)
 
     def once() -> ExportReport:
         with open_saved(model, checkpoint) as saved:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import writes_files
+from . import refuse_existing, writes_files
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
@@ -148,8 +148,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
     from ..storage.listing import scan
 
     model, out = os.fspath(model), os.fspath(out)
-    if os.path.exists(out) and not force:
-        raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(out))
+    refuse_existing(out, force)
     written = []
     with scan(model) as s:
         if not s.listed:
