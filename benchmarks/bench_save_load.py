@@ -130,6 +130,16 @@ def warm():
         del buf
 
 
+def median_table(times: dict) -> dict:
+    """Print the medians of ``{measure: [seconds, ...]}`` as a markdown table and return them."""
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print("\n| measure | median s |")
+    print("|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v:.4f} |")
+    return med
+
+
 def timed(fn):
     gc.collect()
     warm()
@@ -227,11 +237,7 @@ def main(argv=None):
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print("\n| measure | median s |")
-    print("|---|---|")
-    for k, v in med.items():
-        print(f"| {k} | {v:.4f} |")
+    med = median_table(times)
 
     def ratio(a, b, target):
         if a in med and b in med:

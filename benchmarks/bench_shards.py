@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -23,7 +22,7 @@ import xser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_save_load  # noqa: E402
-from bench_save_load import Blob, machine_header, timed  # noqa: E402
+from bench_save_load import Blob, machine_header, median_table, timed  # noqa: E402
 
 
 def main(argv=None):
@@ -79,11 +78,7 @@ def main(argv=None):
             shutil.rmtree(d)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print("\n| measure | median s |")
-    print("|---|---|")
-    for k, v in med.items():
-        print(f"| {k} | {v:.4f} |")
+    med = median_table(times)
     print("\n| ratio | value | target |")
     print("|---|---|---|")
     print(f"| {packed_key} / one file per array | {med[packed_key] / med['xser.save one file per array']:.2f} | <= 0.5 |")

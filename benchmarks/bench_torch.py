@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import xser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_save_load  # noqa: E402
-from bench_save_load import machine_header  # noqa: E402
+from bench_save_load import machine_header, median_table  # noqa: E402
 
 
 @xser.serializable(tag="!BenchTorchBlob")
@@ -145,11 +144,7 @@ def main(argv=None):
                 shutil.rmtree(d)
             peak = fresh(CHILD_PEAK.format(here=here, n=n, rows=rows, cols=cols, dtype=dtype, path=os.path.join(root, "peak", "m.yaml")))
             shutil.rmtree(os.path.join(root, "peak"), ignore_errors=True)
-            med = {k: statistics.median(v) for k, v in times.items()}
-            print("\n| measure | median s |")
-            print("|---|---|")
-            for k, v in med.items():
-                print(f"| {k} | {v:.4f} |")
+            med = median_table(times)
             one = rows * cols * size
             rows_out.append((dtype, med, peak, one))
             print("\n| ratio | value | target |")
