@@ -101,6 +101,115 @@ class TestSpecialFiles:
             xser.load_config(fifo)
 
 
+def _special(kind: str, path: str, tmp_path) -> None:
+    """Put a special file of ``kind`` at ``path`` (where a model's spec file belongs)."""
+    os.unlink(path) if os.path.lexists(path) else None
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    elif kind == "device":
+        os.symlink("/dev/null", path)  # a link is followed for the spec file: what it names is a character device
+    elif kind == "socket":
+        import socket
+
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(path)
+        s.close()
+
+
+KINDS = {"fifo": "a FIFO", "directory": "a directory", "device": "a character device", "socket": "a socket"}
+SPEC_REFUSED = "m.yaml: the spec is not a regular file ({}: never read, as it could block forever)"
+
+
+class _Blocked(Exception):
+    pass
+
+
+def _within(seconds: int, fn):
+    """``fn()``, or ``_Blocked`` if it has not returned after ``seconds`` (a blocking open of a FIFO is interrupted)."""
+    import signal
+
+    def ring(*_):
+        raise _Blocked(f"still blocked after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "socket"])  # (a directory is inspected as a model directory)
+def test_inspect_cli_refuses_a_special_spec_file(kind, tmp_path, capsys):
+    from xser.cli import main
+
+    model = str(tmp_path / "m.yaml")
+    xser.save(Model(encoder=Linear(2, 3)), model)
+    _special(kind, model, tmp_path)
+    assert _within(10, lambda: main(["inspect", model])) == 1
+    assert capsys.readouterr().err == f"error: {model}: the spec is not a regular file ({KINDS[kind]}: never read, as it could block forever)\n"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+class TestSpecialSpecFile:
+    """A FIFO, socket, device or directory where a saved model's spec file belongs: every entry point answers at
+    once; those that read or write the spec refuse it with the one wording (``storage.fsutil.require_regular``)."""
+
+    @pytest.fixture
+    def model(self, tmp_path, kind):
+        path = str(tmp_path / "m.yaml")
+        self.obj = Model(encoder=Linear(2, 3))
+        with xser.CheckpointSaver(path, keep=3) as s:
+            s.save(self.obj, step=6, training_state={"n": 1})
+            s.save(self.obj, step=7, training_state={"n": 2})
+        _special(kind, path, tmp_path)
+        return path
+
+    @pytest.mark.parametrize("call", ["inspect", "load_config", "save", "saver"])
+    def test_readers_and_savers_of_the_spec_refuse(self, model, kind, call):
+        from xser.tools.inspect import open_model
+
+        calls = {
+            "inspect": (xser.SpecError, lambda: open_model(model)),
+            "load_config": (xser.SpecError, lambda: xser.load_config(model)),
+            "save": (xser.CheckpointError, lambda: xser.save(self.obj, model)),
+            "saver": (xser.CheckpointError, lambda: xser.CheckpointSaver(model).save(self.obj, step=8)),
+        }
+        cls, fn = calls[call]
+        with pytest.raises(cls) as info:
+            _within(10, fn)
+        assert str(info.value) == f"{model}: the spec is not a regular file ({KINDS[kind]}: never read, as it could block forever)"
+        assert len(xser.checkpoints(model)) == 2  # nothing was saved
+
+    @pytest.mark.parametrize("call", ["load", "load_mmap", "read_params", "training_state", "resume", "reader", "checkpoints"])
+    def test_data_readers_never_block(self, model, kind, call):
+        """Readers of the data either refuse the spec file (if they read it) or never touch it: they never wait."""
+        from xser.tools.reader import CheckpointReader
+
+        def reader():
+            with CheckpointReader(model, checkpoint=1) as r:
+                return r.tensor_names()
+
+        calls = {
+            "load": lambda: xser.load(model),
+            "load_mmap": lambda: xser.load(model, mmap=True, checkpoint=1),
+            "read_params": lambda: xser.read_params(model, checkpoint=1),
+            "training_state": lambda: xser.load_training_state(model),
+            "resume": lambda: xser.resume(model),
+            "reader": reader,
+            "checkpoints": lambda: xser.checkpoints(model),
+        }
+        try:
+            _within(10, calls[call])
+        except xser.SpecError as e:
+            assert str(e) == f"{model}: the spec is not a regular file ({KINDS[kind]}: never read, as it could block forever)"
+        except xser.CheckpointError as e:  # a directory given to CheckpointReader is read as a safetensors directory
+            assert (kind, call, str(e)) == ("directory", "reader", f"{model}: a safetensors file or directory holds one checkpoint")
+
+
 class TestForgedSizes:
     def test_deep_nesting(self, tmp_path):
         """330 levels of nesting are a SpecError, not a RecursionError."""

@@ -12,9 +12,9 @@ import logging
 import os
 import shutil
 
-from ..errors import CheckpointError, Location
+from ..errors import CheckpointError, DataError, Location
 from ..storage.commit import publish, remove_leftovers, remove_tree, write_text_atomic
-from ..storage.fsutil import fsync_dir
+from ..storage.fsutil import fsync_dir, open_regular
 from ..storage.layout import DAMAGED_MARK, data_dir_of, temp_name
 from ..storage.listing import Scan
 
@@ -109,10 +109,10 @@ def publish_new_model(spec_path: str, new_dirs: list[str], old_dirs: list[str], 
 def sync_spec(spec_path: str, text: str, durable: bool) -> bool:
     """Make the top-level spec file equal the newest checkpoint's spec (after publishing). True if written."""
     try:
-        with open(spec_path, encoding="utf-8") as f:
-            if f.read() == text:
+        with open_regular(spec_path, "the model's spec file") as f:
+            if f.read(len(text.encode("utf-8")) + 1) == text.encode("utf-8"):
                 return False
-    except (OSError, UnicodeDecodeError):
+    except (OSError, DataError):
         pass
     write_text_atomic(spec_path, text, durable=durable)
     return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ import attrs
 
 from ..errors import CheckpointError, Location
 from ..storage.commit import finish, new_id, remove_leftovers, stage
-from ..storage.fsutil import os_error
+from ..storage.fsutil import open_regular, os_error
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
 from ..storage.lock import ModelLock
@@ -118,6 +119,18 @@ def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, opt
     return staging
 
 
+def refuse_special_spec(path: str) -> None:
+    """A save writes the model's spec file at ``path`` (replacing it): a FIFO, socket, device or directory there (or
+    named by a link there) is refused first."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # nothing there (or a dangling link): the save writes the file
+    if not stat.S_ISREG(st.st_mode):
+        with open_regular(path, "the spec", CheckpointError):
+            pass  # raises: the one refusal of special files, with its wording
+
+
 @contextlib.contextmanager
 def os_errors(path: str) -> Iterator[None]:
     """Any OS failure of a save (full disk, permissions, a vanished directory) as a ``CheckpointError``."""
@@ -138,6 +151,7 @@ def save_locked(
     skip_duplicates: bool = False,
 ) -> SaveReport:
     """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
+    refuse_special_spec(path)
     with scan(path) as s:
         aside = recover(path, s, durable=options.durable)
         existing = s.listed
@@ -219,6 +233,7 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
     older checkpoints too), with the same commit point as every save.
     """
     with ModelLock(out), os_errors(out):
+        refuse_special_spec(out)
         with scan(out) as s:
             recover(out, s, durable=options.durable)
             old = [c.path for c, _ in s.listed]

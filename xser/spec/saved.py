@@ -18,10 +18,11 @@ import attrs
 
 from ..errors import DataError, Location, SpecError
 from ..storage.checksums import digest_bytes
+from ..storage.fsutil import open_regular
 from ..storage.listing import open_checkpoint
 from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir
-from .yamlio import Doc, Tagged, dump, parse, read, rewrite_children
+from .yamlio import MAX_SPEC_BYTES, Doc, Tagged, dump, parse, read, rewrite_children
 
 __all__ = ["MODEL_PATH", "SPEC_FORMAT", "SavedModel", "absolute_paths", "relative_paths", "is_saved", "open_saved", "render_saved", "spec_header", "top_level_state", "with_spec"]
 
@@ -164,13 +165,14 @@ def with_spec(path: str, data: OpenedDir) -> SavedModel:
 
 
 def top_level_state(path: str, data: OpenedDir) -> str:
-    """How the top-level spec file relates to a checkpoint's own spec: "in step", "out of step", "missing", "no copy"."""
+    """How the top-level spec file relates to a checkpoint's own spec: "in step", "out of step", "missing", "no copy"
+    or "unreadable". A FIFO, device or directory in its place is a ``SpecError`` (never opened for a read that could block)."""
     block = data.manifest.spec
     if block is None:
         return "no copy"
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        with open_regular(path, "the spec", SpecError) as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         return "missing"
     except OSError:

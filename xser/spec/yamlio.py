@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 import warnings
 from typing import Any
 
@@ -21,6 +20,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from ..errors import Location, SpecError
+from ..storage.fsutil import open_regular
 
 __all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "rewrite_children"]
 
@@ -325,16 +325,14 @@ def read(path: str | os.PathLike) -> Doc:
     """Read and parse a YAML file; I/O and encoding problems are ``SpecError``s."""
     fname = os.fspath(path)
     try:
-        fd = os.open(fname, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        f = open_regular(fname, "the spec", SpecError)
     except FileNotFoundError:
         raise SpecError("file not found", Location(fname)) from None
     except OSError as e:
         raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
     try:
-        with os.fdopen(fd, "rb") as f:
+        with f:
             st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise SpecError("not a regular file (a spec is read from a regular file only)", Location(fname))
             if st.st_size > MAX_SPEC_BYTES:
                 raise SpecError(f"file has {st.st_size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
             raw = f.read(st.st_size)

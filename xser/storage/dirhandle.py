@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import threading
 from typing import Any, BinaryIO
 
 from ..errors import CheckpointError, DataError, Location
 from .checksums import digest_stream
 from .checksums import verify as check_digest
+from .fsutil import O_READ, require_regular
 from .layout import OLD_MARK
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "O_DIR", "O_FILE"]
 
 O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: opening a FIFO planted in a data directory must not wait for a writer (it is then refused)
-O_FILE = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+O_FILE = O_READ | getattr(os, "O_NOFOLLOW", 0)
 
 class CheckpointVanished(CheckpointError):
     """The checkpoint being read was deleted (pruned by a saver); start over from its name."""
@@ -102,8 +102,7 @@ class DirHandle:
             for d in opened:
                 os.close(d)
         try:
-            if not _is_regular(leaf):
-                raise DataError(f"file {rel!r} is not a regular file", Location(full))
+            require_regular(leaf, full, f"file {rel!r}")
             return os.fdopen(leaf, "rb", buffering=0)
         except BaseException:
             os.close(leaf)
@@ -148,6 +147,3 @@ class DirHandle:
             raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path))
         raise error
 
-
-def _is_regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)

@@ -4,10 +4,55 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+from typing import BinaryIO
 
 from ..errors import DataError, Location
 
-__all__ = ["fsync_dir", "fsync_file", "makedirs_durable", "os_error"]
+__all__ = ["O_READ", "fsync_dir", "fsync_file", "makedirs_durable", "open_regular", "os_error", "require_regular"]
+
+# O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused after the open); no effect on regular files
+O_READ = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def require_regular(fd: int, where: str, what: str, cls: type = DataError) -> os.stat_result:
+    """The ``fstat`` of ``fd``, which must be a regular file: a FIFO, socket, device or directory is
+    refused (``cls``, naming ``what`` and its kind). The one check every reader of an untrusted path uses."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise cls(f"{what} is not a regular file ({_kind(st.st_mode)}: never read, as it could block forever)", Location(where))
+    return st
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def open_regular(path: str, what: str, cls: type = DataError, *, dir_fd: int | None = None, flags: int = 0) -> BinaryIO:
+    """Open ``path`` for reading without waiting (a FIFO never blocks the open) and refuse anything but a
+    regular file (``require_regular``). ``flags`` adds open flags (``O_NOFOLLOW``); OS errors propagate."""
+    try:
+        fd = os.open(path, O_READ | flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError:  # a socket cannot be opened at all (ENXIO): say what it is rather than the OS's riddle
+        try:
+            st = os.stat(path, dir_fd=dir_fd, follow_symlinks=not flags & getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise cls(f"{what} is not a regular file ({_kind(st.st_mode)}: never read, as it could block forever)",
+                      Location(path)) from None
+        raise
+    try:
+        require_regular(fd, path, what, cls)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def fsync_dir(path: str) -> None:

@@ -34,6 +34,7 @@ from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
 from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
+from .fsutil import require_regular
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 
@@ -404,10 +405,7 @@ def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
             raise DataError("manifest.json is a symbolic link (never followed)", Location(where)) from None
         raise DataError(f"cannot read manifest: {e.strerror or e}", Location(where)) from None
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise DataError("manifest.json is not a regular file", Location(where))
-        size = st.st_size
+        size = require_regular(f.fileno(), where, "manifest.json").st_size
         if size > MAX_MANIFEST:
             raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
         return f.read(size)  # exactly what fstat says (a read of the cap would allocate the cap)
