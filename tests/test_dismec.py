@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xser
 from xser.cli import main
@@ -69,7 +73,9 @@ class TestFixtures:
     def test_precision_and_culling(self, tmp_path):
         """--precision 3 --culling 0.2 writes what DiSMEC++ writes with those options."""
         name = import_dismec(DATA / "DenseNPY" / "model.json", tmp_path / "m.yaml")
-        export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", format="SparseTXT", precision=3, culling=0.2)
+        with pytest.warns(UserWarning, match=r"^export dismec: precision 3 changes 1 of 6 values of model.json.weights \(label 1, "
+                                             r"feature 1: 1234567.0 is written as 1.23e\+06\); 9 keep every float32 value$"):
+            export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", format="SparseTXT", precision=3, culling=0.2)
         assert (tmp_path / "o" / "model.json.weights").read_bytes() == b"0:1.5 2:-2.25 \n1:1.23e+06 \n"
 
     def test_cli(self, tmp_path, capsys):
@@ -230,3 +236,133 @@ class TestPartialImport:
         assert back == json.loads(ck.read_text())  # same files, ranges and num-labels: DiSMEC++'s partial loader reads it
         for f in back["files"]:
             assert (tmp_path / "again" / f["file"]).read_bytes() == (tmp_path / "run" / f["file"]).read_bytes()
+
+
+def _plain_model(tmp_path, w, name="m.yaml"):
+    from strategies import leaf_of
+
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / name, durable=False)
+    return tmp_path / name, f"{xser.params(leaf).name}/w"
+
+
+def _export_quietly(*args, **kwargs):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return export_dismec(*args, **kwargs)
+
+
+class TestPrecision:
+    """DiSMEC++'s metadata does not record the text precision: the import finds it, and auto export writes it again."""
+
+    def test_nine_digit_files_come_back_byte_for_byte(self, tmp_path):
+        """Files written with 9 digits re-export with 9 (it was %.6g: the values changed)."""
+        w = np.array([[1.23456789, -0.000123456791, 7.0], [3.14159274, 1e-7, 123456792.0]], np.float32)
+        model, param = _plain_model(tmp_path, w)
+        first = export_dismec(model, param, tmp_path / "a" / "model.json", precision=9, date="D")
+        assert (tmp_path / "a" / "model.json.weights").read_bytes() == b"1.23456788 -0.00012345679 7\n3.14159274 1.00000001e-07 123456792\n"
+        name = import_dismec(tmp_path / "a" / "model.json", tmp_path / "b.yaml")
+        assert xser.checkpoints(tmp_path / "b.yaml")[0].training["dismec_files"][0]["precision"] == 9
+        again = export_dismec(tmp_path / "b.yaml", f"{name}/weights", tmp_path / "c" / "model.json", date="D")
+        assert [Path(p).read_bytes() for p in again] == [Path(p).read_bytes() for p in first]
+        assert np.array_equal(xser.load(tmp_path / "b.yaml").weights, w)
+
+    @pytest.mark.parametrize("folder", ["DenseTXT", "SparseTXT"])
+    def test_dismec_fixtures_are_found_at_six(self, tmp_path, folder):
+        """The files DiSMEC++ wrote (its default precision 6) are recorded as 6 and come back without options."""
+        name = import_dismec(DATA / folder / "model.json", tmp_path / "m.yaml")
+        assert [f["precision"] for f in xser.checkpoints(tmp_path / "m.yaml")[0].training["dismec_files"]] == [6]
+        written = export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json")
+        for w in written:
+            assert masked(Path(w)) == masked(DATA / folder / os.path.basename(w)), w
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.integers(1, 5), st.integers(1, 6), st.integers(1, 9), st.sampled_from(["DenseTXT", "SparseTXT"]),
+           st.sampled_from([None, 1, 2]), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.25]))
+    def test_any_precision_round_trips(self, tmp_path_factory, labels, features, precision, fmt, split, seed, culling):
+        """Any precision 1-9, both text formats, one or several files, with culling: import then auto export gives
+        the same bytes."""
+        tmp = tmp_path_factory.mktemp("p")
+        rng = np.random.default_rng(seed)
+        w = (rng.standard_normal((labels, features)) * 10.0 ** rng.integers(-9, 10, (labels, features))).astype(np.float32)
+        w[rng.random(w.shape) < 0.2] = 0
+        model, param = _plain_model(tmp, w)
+        first = _export_quietly(model, param, tmp / "a" / "model.json", precision=precision, format=fmt, date="D",
+                                split_files=split or 4096, culling=culling)
+        name = import_dismec(tmp / "a" / "model.json", tmp / "b.yaml")
+        again = export_dismec(tmp / "b.yaml", f"{name}/weights", tmp / "c" / "model.json", date="D", culling=culling)
+        assert [os.path.basename(p) for p in again] == [os.path.basename(p) for p in first]
+        for p, q in zip(first, again):
+            assert Path(p).read_bytes() == Path(q).read_bytes(), (precision, Path(p).read_bytes(), Path(q).read_bytes())
+
+    def test_explicit_lower_precision_warns(self, tmp_path):
+        """A precision lower than the imported files had (or than the float32 values need) warns, naming a value."""
+        w = np.array([[1.23456789, 0.5], [3.14159274, 123456792.0]], np.float32)
+        model, param = _plain_model(tmp_path, w)
+        export_dismec(model, param, tmp_path / "a" / "model.json", precision=9, date="D")
+        name = import_dismec(tmp_path / "a" / "model.json", tmp_path / "b.yaml")
+        with pytest.warns(UserWarning) as record:
+            export_dismec(tmp_path / "b.yaml", f"{name}/weights", tmp_path / "c" / "model.json", precision=6)
+        assert [str(r.message) for r in record] == [
+            "export dismec: precision 6 changes 3 of 4 values of model.json.weights (label 0, feature 0: 1.2345678806304932 is "
+            "written as 1.23457); the imported file had 9 digits"]
+        name = import_dismec(DATA / "DenseNPY" / "model.json", tmp_path / "n.yaml")
+        with pytest.warns(UserWarning) as record:
+            export_dismec(tmp_path / "n.yaml", f"{name}/weights", tmp_path / "d" / "model.json", precision=3, format="DenseTXT")
+        assert [str(r.message) for r in record] == [
+            "export dismec: precision 3 changes 1 of 6 values of model.json.weights (label 1, feature 1: 1234567.0 is "
+            "written as 1.23e+06); 9 keep every float32 value"]
+
+    def test_precision_that_keeps_the_values_does_not_warn(self, tmp_path):
+        import warnings
+
+        name = import_dismec(DATA / "DenseTXT" / "model.json", tmp_path / "m.yaml")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", precision=6)
+            export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "p" / "model.json", precision=9)
+
+
+def _dismec_rule(labels: int, split: int) -> list[tuple[int, int, str]]:
+    """save_model's files, transcribed from model-io.cpp (xmc-aalto/dismecpp 7cfb2b6c) statement by statement."""
+    if labels < split:
+        return [(0, labels, "m.weights")]
+    num_files = math.floor(Fraction(labels, split) + Fraction(1, 2))  # std::round: halves away from zero
+    out = []
+    for sub in range(num_files):
+        first = sub * split
+        end = labels if sub == num_files - 1 else (sub + 1) * split
+        end = min(end, labels)
+        out.append((first, end - first, f"m.weights-{1 + sub}-of-{num_files}"))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 3000), st.integers(1, 400))
+def test_save_model_naming_rule(labels, split):
+    """DiSMEC++'s rule: one '<meta>.weights' below split_files labels, else round(labels/split) files '-K-of-N'
+    (halves round up), '-1-of-1' too; contiguous, all but the last of split_files labels."""
+    from xser.interop.dismec import save_model_files
+
+    files = save_model_files("m", labels, split)
+    assert files == _dismec_rule(labels, split)
+    assert [f for f, _, _ in files] == [sum(c for _, c, _ in files[:k]) for k in range(len(files))]
+    assert sum(c for _, c, _ in files) == labels and all(c == split for _, c, _ in files[:-1])
+    if labels >= split:
+        assert len(files) == (2 * labels + split) // (2 * split) and files[0][2].endswith(f"-1-of-{len(files)}")
+
+
+@pytest.mark.parametrize("labels, split, names", [
+    (5, 4, ["model.json.weights-1-of-1"]),
+    (4, 4, ["model.json.weights-1-of-1"]),
+    (3, 4, ["model.json.weights"]),
+    (6, 4, ["model.json.weights-1-of-2", "model.json.weights-2-of-2"]),
+    (5, 2, ["model.json.weights-1-of-3", "model.json.weights-2-of-3", "model.json.weights-3-of-3"]),
+])
+def test_split_export_names(tmp_path, labels, split, names):
+    """export with the split layout names files as save_model does (5 labels, split 4: '-1-of-1', it was '.weights')."""
+    model, param = _plain_model(tmp_path, np.ones((labels, 2), np.float32))
+    written = export_dismec(model, param, tmp_path / "o" / "model.json", split_files=split, layout="split", format="DenseNPY")
+    assert [os.path.basename(p) for p in written] == [*names, "model.json"]

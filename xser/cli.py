@@ -300,7 +300,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--layout", default="auto", choices=("auto", "split", "cli"),
                    help="file names and ranges: as recorded at import (auto), save_model's -K-of-N (split) or train's -<first>-<last> (cli)")
     q.add_argument("--ranges", type=_ranges, metavar="F:C,...", help="explicit label ranges, first:count pairs from label 0")
-    q.add_argument("--precision", type=int, default=6, help="significant digits in text formats (DiSMEC++'s default: 6)")
+    q.add_argument("--precision", type=int, default=None,
+                   help="significant digits in text formats (default: as found in the imported files, else DiSMEC++'s 6; lower than the data needs warns)")
     q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
     q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")

@@ -14,7 +14,6 @@ key is refused with a message saying that DiSMEC++ reads ``"files"``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 from datetime import datetime, timezone
@@ -55,6 +54,8 @@ class WeightFile:
     count: int
     file: str
     format: str
+    #: text formats: the ``%.{P}g`` precision the file was written with (``text.g_precision``), recorded at import
+    precision: int | None = None
 
 
 # ---------------------------------------------------------------- reading
@@ -117,10 +118,13 @@ def _resolve(meta_path: str, name: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(meta_path)), name)
 
 
-def _read_text(fmt: Any, path: str, count: int, features: int) -> np.ndarray:
-    """A DiSMEC++ text file, parsed by xser's own text format; then every value must be finite."""
+def _read_text(fmt: Any, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
+    """A DiSMEC++ text file, parsed by xser's own text format (every value must be finite), and its precision."""
+    from ..storage.formats.text import SPARSE_TEXT, g_precision
+
     with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+        data = f.read()
+    lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     if len(lines) != count:
@@ -130,22 +134,22 @@ def _read_text(fmt: Any, path: str, count: int, features: int) -> np.ndarray:
     if bad.size:
         r, c = bad[0]
         raise DataError(f"non-finite value {str(out[r, c])!r}", Location(path, int(r) + 1))
-    return out
+    return out, g_precision(data, sparse=fmt is SPARSE_TEXT)
 
 
-def _read_dense_text(path: str, count: int, features: int) -> np.ndarray:
+def _read_dense_text(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.text import DENSE_TEXT
 
     return _read_text(DENSE_TEXT, path, count, features)
 
 
-def _read_sparse_text(path: str, count: int, features: int) -> np.ndarray:
+def _read_sparse_text(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.text import SPARSE_TEXT
 
     return _read_text(SPARSE_TEXT, path, count, features)
 
 
-def _read_npy(path: str, count: int, features: int) -> np.ndarray:
+def _read_npy(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.npy import read_header
 
     with open(path, "rb") as f:
@@ -158,14 +162,15 @@ def _read_npy(path: str, count: int, features: int) -> np.ndarray:
         data = f.read()
     if len(data) != count * features * 4:
         raise DataError(f"file holds {len(data)} data bytes, expected {count * features * 4}", Location(path))
-    return np.frombuffer(data, "<f4").reshape(count, features).copy()
+    return np.frombuffer(data, "<f4").reshape(count, features).copy(), None
 
 
 _READERS = {"DenseTXT": _read_dense_text, "SparseTXT": _read_sparse_text, "DenseNPY": _read_npy}
 
 
 def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
-    """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing)."""
+    """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing); each text
+    file's ``WeightFile`` has the precision it was written with."""
     meta_path = os.fspath(meta_path)
     meta, files = _meta(meta_path, partial)
     out = []
@@ -173,7 +178,8 @@ def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[di
         path = _resolve(meta_path, wf.file)
         if not os.path.isfile(path):
             raise DataError(f"weight file {wf.file!r} not found (resolved relative to the metadata file)", Location(path))
-        out.append((wf, _READERS[wf.format](path, wf.count, meta["num-features"])))
+        rows, precision = _READERS[wf.format](path, wf.count, meta["num-features"])
+        out.append((attrs.evolve(wf, precision=precision), rows))
     return meta, out
 
 
@@ -244,9 +250,9 @@ def _recorded(model: Any, checkpoint: int, labels: int) -> tuple[list[dict] | No
     if not isinstance(files, list) or not files:
         return None, extra
     try:
-        recs = sorted(({"first": int(f["first"]), "count": int(f["count"]), "file": str(f["file"]), "format": str(f["format"])}
-                       for f in files), key=lambda f: f["first"])
-    except (KeyError, TypeError, ValueError):
+        recs = sorted(({"first": int(f["first"]), "count": int(f["count"]), "file": str(f["file"]), "format": str(f["format"]),
+                        "precision": _recorded_precision(f.get("precision"))} for f in files), key=lambda f: f["first"])
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None, extra
     partial = training.get("dismec_partial") is not None
     contiguous = [r["first"] for r in recs] == [sum(x["count"] for x in recs[:i]) for i in range(len(recs))]
@@ -256,6 +262,11 @@ def _recorded(model: Any, checkpoint: int, labels: int) -> tuple[list[dict] | No
         extra["num-labels"] = sum(c for _, c in training["dismec_partial"]["present"]) + sum(
             c for _, c in training["dismec_partial"]["missing"])
     return recs, extra
+
+
+def _recorded_precision(p: Any) -> int | None:
+    """A recorded precision, if it is one (models imported before xser recorded it have none)."""
+    return p if isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 17 else None
 
 
 def _check_ranges(ranges: Any, labels: int) -> list[tuple[int, int]]:
@@ -294,14 +305,34 @@ def _dismec_npy(rows: np.ndarray) -> bytes:
     return b"\x93NUMPY\x03\x00" + struct.pack("<I", len(header)) + header + rows.astype("<f4").tobytes()
 
 
-def _split(labels: int, split_files: int) -> list[tuple[int, int]]:
-    """DiSMEC++'s save_model split: N = round(labels / split) files, the last takes the rest."""
+def save_model_files(base: str, labels: int, split_files: int) -> list[tuple[int, int, str]]:
+    """``(first, count, file name)`` of the weight files DiSMEC++'s ``io::model::save_model`` writes (model-io.cpp):
+    with fewer labels than ``split_files``, one file ``<base>.weights``; otherwise ``N = std::round(labels /
+    (double) split_files)`` files named ``<base>.weights-K-of-N`` (K from 1; so ``-1-of-1`` when N is 1), file K
+    holding labels ``[(K-1) split, K split)`` and the last one the rest."""
     if labels < split_files:
-        return [(0, labels)]
-    n = max(1, math.floor(labels / split_files + 0.5))
-    ranges = [(k * split_files, split_files) for k in range(n - 1)]
-    ranges.append(((n - 1) * split_files, labels - (n - 1) * split_files))
-    return ranges
+        return [(0, labels, f"{base}.weights")]
+    x = labels / split_files  # a double, as in C++; std::round: halves away from zero
+    n = int(x) + (x - int(x) >= 0.5)
+    out = []
+    for sub in range(n):
+        first = sub * split_files
+        end = min(labels if sub == n - 1 else (sub + 1) * split_files, labels)
+        out.append((first, end - first, f"{base}.weights-{sub + 1}-of-{n}"))
+    return out
+
+
+def _lost(rows: np.ndarray, precision: int, written: np.ndarray) -> tuple[int, int, int, str] | None:
+    """How many of the ``written`` float32 values ``%.{precision}g`` changes, and the first one (row, column, its
+    text); None if none."""
+    at = np.argwhere(written)
+    texts = [_g(v, precision) for v in rows[written].tolist()]
+    back = np.array(texts, dtype=np.float64).astype(np.float32) if texts else np.empty(0, np.float32)
+    changed = np.flatnonzero(back != rows[written])
+    if not changed.size:
+        return None
+    i = int(changed[0])
+    return int(changed.size), int(at[i][0]), int(at[i][1]), texts[i]
 
 
 @writes_files
@@ -311,7 +342,7 @@ def export_dismec(
     meta_out: str | os.PathLike,
     *,
     format: str | None = None,
-    precision: int = 6,
+    precision: int | None = None,
     culling: float = 0.0,
     split_files: int = 4096,
     checkpoint: int = 0,
@@ -328,7 +359,15 @@ def export_dismec(
     imported from DiSMEC++ (else ``"split"``); ``"split"`` is ``save_model``'s naming (``<meta>.weights`` or
     ``-K-of-N`` by ``split_files``); ``"cli"`` the ``train`` command's (``<meta>.weights-<first>-<last>``, last
     inclusive). ``ranges=[(first, count), ...]`` sets the label ranges explicitly (with "split" or "cli" naming).
+
+    ``precision`` (significant digits of the text formats) defaults to the precision each file was found to have
+    when it was imported (so the files come back byte for byte), else DiSMEC++'s default 6. A precision given
+    explicitly that changes a value (lower than the imported files had, or than the float32 values need) warns.
     """
+    import warnings
+
+    from ..storage.formats.text import DISMEC_PRECISION
+
     from . import read_param, refuse_existing
 
     meta_out = os.fspath(meta_out)
@@ -336,8 +375,8 @@ def export_dismec(
         raise DataError(f"layout must be auto, split or cli, got {layout!r}")
     if format is not None and format not in FORMATS:
         raise DataError(f"unknown DiSMEC++ format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
-    if split_files < 1 or precision < 1:
-        raise DataError(f"split-files and precision must be >= 1, got {split_files} and {precision}")
+    if split_files < 1 or (precision is not None and not 1 <= precision <= 17):
+        raise DataError(f"split-files must be >= 1 and precision from 1 to 17, got {split_files} and {precision}")
     w = read_param(model, param, checkpoint)
     if w.ndim != 2 or w.dtype.kind != "f":
         raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; DiSMEC++ stores a 2-D float matrix", Location(os.fspath(model)))
@@ -350,23 +389,36 @@ def export_dismec(
         ranges = [(wf["first"], wf["count"]) for wf in recorded]
         names = [wf["file"] for wf in recorded]
         formats = [format or wf["format"] for wf in recorded]  # a format given explicitly wins
+        found = [wf["precision"] for wf in recorded]
     else:
-        ranges = _check_ranges(ranges, labels) if ranges is not None else _split(labels, split_files)
+        if ranges is not None:
+            ranges = _check_ranges(ranges, labels)
+            names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
+        else:
+            files = save_model_files(base, labels, split_files)
+            ranges, names = [(first, count) for first, count, _ in files], [name for _, _, name in files]
         if layout == "cli":
             names = [f"{base}.weights-{first}-{first + count - 1}" for first, count in ranges]
-        else:
-            names = [f"{base}.weights"] if len(ranges) == 1 else [f"{base}.weights-{k + 1}-of-{len(ranges)}" for k in range(len(ranges))]
         formats = [format or "DenseTXT"] * len(ranges)
+        found = [None] * len(ranges)
+    precisions = [precision or p or DISMEC_PRECISION for p in found]
     for name in [os.path.basename(meta_out), *names]:
         refuse_existing(os.path.join(os.path.dirname(os.path.abspath(meta_out)), name), force)
     os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
     written = []
     row = 0
     with progress(w.nbytes, "exporting"):
-        for (first, count), fname, format in zip(ranges, names, formats):
+        for (first, count), fname, format, digits, had in zip(ranges, names, formats, precisions, found):
             rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
+            if precision is not None and format != "DenseNPY":
+                lost = _lost(rows, precision, np.ones(rows.shape, bool) if format == "DenseTXT" else np.abs(rows) > culling)
+                if lost is not None:
+                    n, r, c, text = lost
+                    need = f"the imported file had {had} digits" if had else "9 keep every float32 value"
+                    warnings.warn(f"export dismec: precision {precision} changes {n} of {rows.size} values of {fname} (label {first + r}, feature "
+                                  f"{c}: {float(rows[r, c])!r} is written as {text}); {need}", UserWarning, stacklevel=3)
             row += count
-            data = {"DenseTXT": lambda: _dense_text(rows, precision), "SparseTXT": lambda: _sparse_text(rows, precision, culling),
+            data = {"DenseTXT": lambda: _dense_text(rows, digits), "SparseTXT": lambda: _sparse_text(rows, digits, culling),
                     "DenseNPY": lambda: _dismec_npy(rows)}[format]()
             path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
             with open(path, "wb") as f:

@@ -317,3 +317,52 @@ class SparseText(_TextFormat):
 
 DENSE_TEXT = DenseText()
 SPARSE_TEXT = SparseText()
+
+
+#: DiSMEC++'s default text precision (``SaveOption::Precision``)
+DISMEC_PRECISION = 6
+
+
+def g_precision(data: bytes, sparse: bool = False, prefer: int = DISMEC_PRECISION) -> int | None:
+    """A precision P with which ``%.{P}g`` (C++ ``ostream << float`` after ``precision(P)``) writes every number of
+    ``data`` (dense: whitespace-separated values; ``sparse``: ``index:value`` tokens) as it is; None without numbers.
+
+    Each token bounds P: it needs at least its significant digits (and, written without an exponent, more than its
+    exponent: ``100`` needs 3), and a token with an exponent from -4 up was written with P at most that exponent
+    (``1e+03``: P <= 3). The result is ``prefer`` moved into those bounds: where a file allows it, DiSMEC++'s
+    default 6, which every float32 read from the file writes back the same; else the smallest P the tokens need.
+    The tokens are read in chunks (vectorised), never all at once.
+    """
+    lo, hi, seen = 1, 10**9, False
+    at = 0
+    step = 1 << 22
+    while at < len(data):
+        end = data.find(b"\n", min(at + step, len(data)))
+        end = len(data) if end < 0 else end + 1
+        tokens = data[at:end].split()
+        at = end
+        if not tokens:
+            continue
+        seen = True
+        t = np.array(tokens, dtype=bytes)
+        if sparse:
+            t = np.char.partition(t, b":")[:, 2]
+        t = np.char.lstrip(t, b"+-")
+        mant, e, expo = (np.char.partition(t, b"e")[:, k] for k in range(3))
+        whole, _, frac = (np.char.partition(mant, b".")[:, k] for k in range(3))
+        k = np.char.str_len(np.char.strip(np.char.add(whole, frac), b"0"))  # significant digits, zeros at both ends off
+        sci = e == b"e"
+        fixed_need = np.char.str_len(np.char.lstrip(whole, b"0"))  # 100 needs P >= 3 to be written without an exponent
+        need = np.where(sci, k, np.maximum(k, fixed_need))
+        lo = max(lo, int(need.max()))
+        if sci.any():
+            try:
+                x = np.array([max(-999, min(999, int(v))) for v in expo[sci].tolist()], np.int64)
+            except ValueError:
+                return None
+            bounded = x[x >= -4]
+            if bounded.size:
+                hi = min(hi, int(bounded.min()))
+    if not seen:
+        return None
+    return max(lo, min(prefer, hi))
