@@ -539,3 +539,95 @@ class TestContract:
         messages = [r.getMessage() for r in caplog.records]
         assert sum("reports no such metric (reported: blue)" in m for m in messages) == 1
         assert sum("metric 'bleu' is NaN" in m for m in messages) == 1
+
+
+def _check_removed(path, before, report, after):
+    """``report.removed_checkpoints`` is exactly what the save took away, as it was listed before the save."""
+    new = [] if report.skipped else [report.id]
+    gone = [c for c in before if c.id not in {a.id for a in after}]
+    assert {c.id for c in before} | set(new) >= {a.id for a in after}
+    assert [c.id for c in report.removed_checkpoints] == [c.id for c in gone]  # newest first, as listed before
+    for was, r in zip(gone, report.removed_checkpoints):
+        assert r.path == path + ".data" + ("" if was.path.endswith(".data") else was.path[was.path.rindex("."):])
+        assert os.path.abspath(r.path) == was.path  # the name it had before this save, in the form of `path`
+        assert (r.index, r.step, r.metrics, r.created) == (was.index, was.step, was.metrics, was.created)
+    assert report.removed == tuple(r.path for r in report.removed_checkpoints)
+    assert report.removed_steps == tuple(r.step for r in report.removed_checkpoints)
+
+
+POLICIES = {
+    "keep1": 1, "keep2": 2, "keep3": 3, "keep4": 4,
+    "best1": KeepBest(1, "acc"),
+    "last1|best2": KeepLast(1) | KeepBest(2, "acc", mode="min"),
+    "every3|last2": KeepEvery(3) | KeepLast(2),
+}
+
+
+class TestRemovedReport:
+    @pytest.mark.parametrize("shards", [None, 2], ids=["unpacked", "packed"])
+    @pytest.mark.parametrize("policy", list(POLICIES))
+    def test_removed_names_what_the_save_removed(self, tmp_path, policy, shards):
+        """Every save: the removed records are the dropped checkpoints' ids, steps and the slot names they had
+        before the save (a KeepBest survivor keeps a lower slot than a dropped newer one: names do not follow order)."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        accs = [0.5, 0.9, 0.1, 0.7, 0.3, 0.95, 0.2, 0.6, 0.05, 0.8]
+        seen = set()
+        with xser.CheckpointSaver(path, keep=POLICIES[policy], shards=shards) as saver:
+            for step, acc in enumerate(accs, start=1):
+                lin.W[...] = step
+                before = xser.checkpoints(path)
+                report = saver.save(lin, step=step, metrics={"acc": acc})
+                after = xser.checkpoints(path)
+                _check_removed(path, before, report, after)
+                seen |= set(report.removed)
+        assert len(seen) >= 1
+
+    def test_save_and_restart_name_what_they_replaced(self, tmp_path):
+        """xser.save replaces the newest (named .data); restart=True removes every checkpoint of the old model."""
+        path = str(tmp_path / "m.yaml")
+        lin = model()
+        save_steps(path, lin, [1, 2, 3], keep=3)
+        before = xser.checkpoints(path)
+        with xser.CheckpointSaver(path, keep=3, restart=True) as saver:
+            report = saver.save(Linear(4, 4), step=10)
+        _check_removed(path, before, report, xser.checkpoints(path))
+        assert report.removed == (path + ".data", path + ".data.1", path + ".data.2")
+        assert report.removed_steps == (3, 2, 1)
+
+    @pytest.mark.parametrize("policy", ["keep2", "last1|best2"])
+    def test_after_a_killed_save(self, tmp_path, policy):
+        """A save killed before each of its filesystem calls, in turn; the next save's report names, by the names
+        they had then, exactly the checkpoints it removed (not those the killed save removed)."""
+        from crash_child import arm
+
+        accs = [0.5, 0.9, 0.1, 0.7, 0.3]
+        for limit in range(1, 200):
+            d = tmp_path / str(limit)
+            d.mkdir()
+            path = str(d / "m.yaml")
+            lin = model()
+            with xser.CheckpointSaver(path, keep=POLICIES[policy], durable=False) as saver:
+                for step, acc in enumerate(accs[:4], start=1):
+                    lin.W[...] = step
+                    saver.save(lin, step=step, metrics={"acc": acc})
+            pid = os.fork()
+            if pid == 0:  # the killed saver
+                try:
+                    s = xser.CheckpointSaver(path, keep=POLICIES[policy], durable=False)
+                    arm(limit)
+                    lin.W[...] = 5
+                    s.save(lin, step=5, metrics={"acc": accs[4]})
+                finally:
+                    os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            before = xser.checkpoints(path)
+            with xser.CheckpointSaver(path, keep=POLICIES[policy], durable=False) as saver:
+                lin.W[...] = 6
+                report = saver.save(lin, step=6, metrics={"acc": 0.0})
+            _check_removed(path, before, report, xser.checkpoints(path))
+            if os.WIFEXITED(status):  # the save survived: it made fewer calls than limit
+                assert limit > 5
+                break
+        else:
+            raise AssertionError("the save never finished")

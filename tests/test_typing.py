@@ -57,3 +57,30 @@ def test_constructors_are_checked(tmp_path):
         'Argument 1 to "Linear" has incompatible type "str"; expected "int"  [arg-type]',
         'Argument "a" to "Two" has incompatible type "int"; expected "Linear"  [arg-type]',
     ], r.stdout
+
+
+def test_checkpoint_records_and_save_reports_are_typed(tmp_path):
+    """Checkpoint.metrics/training/custom and SaveReport's removed records have precise types under --strict."""
+    (tmp_path / "ck.py").write_text(
+        "import xser\n\n"
+        "c = xser.checkpoints('m.yaml')[0]\n"
+        "r = xser.CheckpointSaver('m.yaml').save(object())\n"
+        "reveal_type(c.metrics)\nreveal_type(c.training)\nreveal_type(c.custom)\nreveal_type(c.step)\n"
+        "reveal_type(r.removed)\nreveal_type(r.removed_steps)\nreveal_type(r.removed_checkpoints)\n"
+        "bleu: float = c.metrics['bleu'] + 1\n"
+        "first: int = r.removed_steps[0] or 0\n"
+        "bad: str = c.metrics['bleu']\n"
+    )
+    r = _mypy(tmp_path / "ck.py")
+    notes = [line.split(": note: ")[1] for line in r.stdout.splitlines() if ": note: " in line]
+    errors = [line.split(": error: ")[1] for line in r.stdout.splitlines() if ": error: " in line]
+    assert notes == [
+        'Revealed type is "dict[str, float]"',
+        'Revealed type is "dict[str, Any]"',
+        'Revealed type is "dict[str, Any]"',
+        'Revealed type is "int | None"',
+        'Revealed type is "tuple[str, ...]"',
+        'Revealed type is "tuple[int | None, ...]"',
+        'Revealed type is "tuple[xser.storage.listing.Checkpoint, ...]"',
+    ], r.stdout
+    assert errors == ['Incompatible types in assignment (expression has type "float", variable has type "str")  [assignment]'], r.stdout

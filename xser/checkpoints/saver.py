@@ -52,17 +52,34 @@ class SaveOptions:
 
 @attrs.frozen
 class SaveReport:
-    """What a checkpoint save did."""
+    """What a checkpoint save did.
+
+    The checkpoints a save removed (pruned by the policy, replaced by ``xser.save``, or all of them on
+    ``restart=True``) are named as they were *before* the save: ``removed_checkpoints`` holds their
+    listing records (``index``: their place in the list before the save, ``path``: the slot they had,
+    in the form of ``path``, with their step, id and metrics), newest first. ``removed`` and
+    ``removed_steps`` are those records' paths and steps. A slot name there may hold another checkpoint
+    after the save (the kept ones shift to ``.data.1``, ...): the id says which checkpoint it was.
+    """
 
     skipped: bool  # the arrays equalled the newest checkpoint's: nothing was written
     path: str | None  # the new checkpoint's directory (None when skipped)
     written: int = 0  # files written
     linked: int = 0  # files hard-linked from the previous checkpoint
-    removed: tuple[str, ...] = ()  # checkpoints the policy dropped (their directories, before removal)
+    removed_checkpoints: tuple[Checkpoint, ...] = ()  # what the save removed, as listed before it, newest first
     spec_written: bool = False  # the top-level spec file was (re)written
     id: str | None = None  # the new checkpoint's id
     set_aside: tuple[str, ...] = ()  # slots without a valid manifest, moved to <model>.data.damaged-*
-    removed_steps: tuple = ()  # the steps of the removed checkpoints (directory names change as others shift)
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        """The slot names the removed checkpoints had before this save (``model.yaml.data.2``), newest first."""
+        return tuple(c.path for c in self.removed_checkpoints)
+
+    @property
+    def removed_steps(self) -> tuple[int | None, ...]:
+        """The steps of the removed checkpoints (None for one saved without a step), newest first."""
+        return tuple(c.step for c in self.removed_checkpoints)
 
 
 def _disk_structure(entries: Mapping[str, Mapping[str, ParamEntry]]) -> dict:
@@ -184,11 +201,10 @@ def save_locked(
                 keep_dirs = [listed[i].path for i in kept if i > 0]
                 drop = [c.path for c, _ in existing if c.path not in keep_dirs]
                 rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
-            steps = tuple(c.step for c, _ in existing if c.path in drop)
+            removed = tuple(attrs.evolve(c, path=data_dir_of(path, s.slots[c.path])) for c, _ in existing if c.path in drop)
     spec_written = sync_spec(path, snap.spec_text, options.durable)
     return SaveReport(
-        False, data_dir_of(path, 0), staging.written, staging.linked, tuple(drop), spec_written, staging.manifest["id"], aside,
-        steps,
+        False, data_dir_of(path, 0), staging.written, staging.linked, removed, spec_written, staging.manifest["id"], aside,
     )
 
 

@@ -38,9 +38,9 @@ class Checkpoint:
     path: str  # its data directory
     step: int | None
     created: str
-    metrics: dict = attrs.field(factory=dict)
-    training: dict = attrs.field(factory=dict)
-    custom: dict = attrs.field(factory=dict)
+    metrics: dict[str, float] = attrs.field(factory=dict)  # as saved: numbers (ints stay ints), NaN included
+    training: dict[str, Any] = attrs.field(factory=dict)  # JSON data
+    custom: dict[str, Any] = attrs.field(factory=dict)  # JSON data
     has_training_state: bool = False
     id: str | None = None  # unique per checkpoint (format_version >= 2)
     model: str | None = None  # shared by the checkpoints of one model
