@@ -117,6 +117,9 @@ class TestSelection:
         (dict(checkpoints=[7]), "no checkpoint 7: the model has 3 (0 to 2)"),
         (dict(checkpoints=[1, 1]), "checkpoint 1 is selected twice"),
         (dict(last=0), "last must be >= 1, got 0"),
+        (dict(last=4), "asked for the last 4 checkpoints, but the model has 3; choose at most 3, or no selection to average all 3"),
+        (dict(best=4, metric="bleu"),
+         "asked for the best 4 checkpoints by 'bleu', but only 3 record it as a number; choose at most 3"),
         (dict(best=2, metric="blue"), "no checkpoint records metric 'blue' as a number (recorded: bleu); did you mean 'bleu'?"),
         (dict(best=2), "best needs a metric"),
         (dict(last=1, best=1, metric="bleu"), "choose one of last, checkpoints and best"),
@@ -133,15 +136,21 @@ class TestSelection:
 
     @pytest.mark.parametrize("weights, message", [
         ([1.0], "1 weights for 2 selected checkpoints"),
-        ([1.0, -1.0], "weights sum to zero: [1.0, -1.0]"),
+        ([1.0, -1.0], "weights must not be negative, got [1.0, -1.0]"),
+        ([2.0, -0.5], "weights must not be negative, got [2.0, -0.5]"),
+        ([-1.0, -2.0], "weights must not be negative, got [-1.0, -2.0]"),
+        ([0.0, 0.0], "weights sum to zero: [0.0, 0.0]"),
         ([1.0, float("nan")], "weights must be finite numbers, got [1.0, nan]"),
+        ([float("inf"), 1.0], "weights must be finite numbers, got [inf, 1.0]"),
+        ([float("-inf"), 1.0], "weights must be finite numbers, got [-inf, 1.0]"),
     ])
     def test_bad_weights(self, tmp_path, weights, message):
-        """Weights must match the selection and not sum to zero."""
+        """Weights must match the selection, be finite and non-negative, and not all be zero."""
         path, _ = run_of(tmp_path, [1.0, 2.0])
         with pytest.raises(xser.CheckpointError) as info:
             average(path, tmp_path / "avg.yaml", weights=weights)
         assert str(info.value) == f"{path}: {message}"
+        assert not os.path.exists(tmp_path / "avg.yaml")
 
     def test_single_checkpoint_is_a_copy_with_a_note(self, tmp_path):
         """Averaging one checkpoint is allowed and says so."""

@@ -75,6 +75,59 @@ class TestUsage:
             main(argv)
         assert info.value.code == 2
 
+    # Each command line that is wrong by itself (whatever the model holds): exit 2, the subcommand's usage line, then
+    # "PROG: error: MESSAGE". Errors that depend on the model (more checkpoints asked than it has) are `error: ...`, exit 1.
+    USAGE = [
+        (["avg", "m.yaml", "--out", "o.yaml", "--best", "2"], "xser avg", "--best needs --metric"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--metric", "bleu"], "xser avg", "--metric is only used with --best"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--last", "2", "--metric", "bleu"], "xser avg", "--metric is only used with --best"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--mode", "min"], "xser avg", "--mode is only used with --best"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--last", "0"], "xser avg", "argument --last: expected a whole number >= 1, got '0'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--last", "-3"], "xser avg", "argument --last: expected a whole number >= 1, got '-3'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--best", "0", "--metric", "b"], "xser avg",
+         "argument --best: expected a whole number >= 1, got '0'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--checkpoints", ""], "xser avg",
+         "argument --checkpoints: expected comma-separated checkpoint numbers (0 = newest), got ''"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--checkpoints", "0,-1"], "xser avg",
+         "argument --checkpoints: expected comma-separated checkpoint numbers (0 = newest), got '0,-1'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--checkpoints", "1,0,1"], "xser avg", "argument --checkpoints: checkpoint 1 is given twice"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", "1,-1"], "xser avg",
+         "argument --weights: weights must not be negative, got '1,-1'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", "-2"], "xser avg",
+         "argument --weights: weights must not be negative, got '-2'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", "1,nan"], "xser avg",
+         "argument --weights: weights must be finite numbers, got '1,nan'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", "inf,1"], "xser avg",
+         "argument --weights: weights must be finite numbers, got 'inf,1'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", "0,0.0"], "xser avg", "argument --weights: weights sum to zero: '0,0.0'"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--weights", ""], "xser avg", "argument --weights: expected comma-separated numbers, got ''"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--last", "3", "--weights", "1,2"], "xser avg",
+         "--weights gives 2 weights for the 3 checkpoints of --last 3"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--best", "1", "--metric", "b", "--weights", "1,2"], "xser avg",
+         "--weights gives 2 weights for the 1 checkpoint of --best 1"),
+        (["avg", "m.yaml", "--out", "o.yaml", "--checkpoints", "0,2", "--weights", "1"], "xser avg",
+         "--weights gives 1 weight for the 2 checkpoints of --checkpoints 0,2"),
+        (["inspect", "m.yaml", "--json", "--checkpoint", "2"], "xser inspect",
+         "--checkpoint shows one checkpoint; --json and --plot cover all of them"),
+        (["inspect", "m.yaml", "--plot", "p.png", "--checkpoint", "last"], "xser inspect",
+         "--checkpoint shows one checkpoint; --json and --plot cover all of them"),
+        (["export", "recis", "m.yaml", "out", "--shards", "0"], "xser export recis",
+         "argument --shards: expected a whole number >= 1, got '0'"),
+        (["export", "recis", "m.yaml", "out", "--parallel", "-1"], "xser export recis",
+         "argument --parallel: expected a whole number >= 1, got '-1'"),
+    ]
+
+    @pytest.mark.parametrize("argv, prog, message", USAGE, ids=[" ".join(a[0:1] + a[3:]) for a, _, _ in USAGE])
+    def test_invalid_combinations_exit_2_with_usage(self, tmp_path, monkeypatch, capsys, argv, prog, message):
+        """Checked before anything is read or written: the model need not exist, and nothing appears."""
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2
+        assert err.startswith(f"usage: {prog} ") and err.endswith(f"\n{prog}: error: {message}\n"), err
+        assert list(tmp_path.iterdir()) == []
+
     def test_version(self, capsys):
         """--version prints the version."""
         with pytest.raises(SystemExit) as info:
@@ -123,6 +176,13 @@ class TestTools:
         path, _ = run
         assert main(["avg", path, "--out", str(tmp_path / "a.yaml"), "--weights", "1,2"]) == 1
         assert capsys.readouterr().err == f"error: {path}: 2 weights for 4 selected checkpoints\n"
+        assert main(["avg", path, "--out", str(tmp_path / "a.yaml"), "--last", "9"]) == 1
+        assert capsys.readouterr().err == (f"error: {path}: asked for the last 9 checkpoints, but the model has 4; "
+                                           "choose at most 4, or no selection to average all 4\n")
+        assert main(["avg", path, "--out", str(tmp_path / "a.yaml"), "--best", "5", "--metric", "bleu"]) == 1
+        assert capsys.readouterr().err == (f"error: {path}: asked for the best 5 checkpoints by 'bleu', but only 4 "
+                                           "record it as a number; choose at most 4\n")
+        assert not (tmp_path / "a.yaml").exists()
         with pytest.raises(SystemExit) as info:
             main(["avg", path, "--out", "x.yaml", "--last", "1", "--best", "1"])
         assert info.value.code == 2
@@ -252,3 +312,48 @@ def test_exports_name_params_by_component_path_and_never_overwrite_silently(tmp_
     assert main(["export", system, str(tmp_path / "m.yaml"), f"{sub}/W", str(tmp_path / out), "--force"]) == 0
     assert main(["export", system, str(tmp_path / "m.yaml"), "encoder.w", str(tmp_path / "other")]) == 1
     assert "no parameter 'encoder.w'; did you mean 'encoder.W'?" in capsys.readouterr().err
+
+
+def _parsers(p, path=()):
+    """Every parser of the command line, with its path of subcommand names."""
+    import argparse
+
+    yield path, p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, path + (name,))
+
+
+def test_every_subcommand_and_option_is_described():
+    """Each (sub)command's --help has a description, and each option and argument a help text."""
+    import argparse
+
+    from xser.cli import COMMANDS, command_parser, parser
+
+    seen = []
+    roots = [parser()] + [command_parser(name, f"xser-{name}") for name in COMMANDS]
+    for root in roots:
+        for path, p in _parsers(root):
+            seen.append(" ".join(path))
+            assert p.description and p.description.strip(), f"xser {' '.join(path)}: no description"
+            assert p.format_help().startswith("usage: ")
+            for action in p._actions:
+                if isinstance(action, argparse._HelpAction):
+                    continue
+                if isinstance(action, argparse._SubParsersAction):
+                    helps = {a.dest: a.help for a in action._choices_actions}
+                    assert set(helps) == set(action.choices) and all(h and h.strip() for h in helps.values()), (path, helps)
+                    continue
+                name = action.option_strings[0] if action.option_strings else action.dest
+                assert action.help and action.help.strip() and action.help != argparse.SUPPRESS, f"xser {' '.join(path)} {name}: no help"
+    assert {"export safetensors", "export recis", "import dismec", "avg", "inspect", "demo"} <= set(seen)
+
+
+def test_help_shows_the_description(capsys):
+    """`xser export recis --help` (a subcommand of a subcommand) starts with its description."""
+    with pytest.raises(SystemExit) as info:
+        main(["export", "recis", "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert out.split("\n\n")[1] == "the model as a RecIS checkpoint directory (hash tables and dense tensors)"

@@ -79,3 +79,28 @@ class TestEnsemble:
             ensemble([a], a)
         with pytest.raises(xser.SpecError, match="path 'nope' not found"):
             ensemble([a], tmp_path / "e.yaml", path="nope")
+
+
+class TestName:
+    def test_the_ensemble_is_named_after_its_file(self, tmp_path):
+        """An ensemble's experiment gets a name (the output file's, or name=); its spec never says None or null."""
+        a, _ = saved(tmp_path, "a", 1.0)
+        b, _ = saved(tmp_path, "b", 2.0)
+        ensemble([a, b], tmp_path / "demo.ensemble.yaml")
+        text = (tmp_path / "demo.ensemble.yaml").read_text()
+        assert "\nname: demo.ensemble\n" in text
+        assert "None" not in text  # (the members' own field "name: null" is a YAML null, as saved)
+        assert text == (tmp_path / "demo.ensemble.yaml.data" / "spec.yaml").read_text()
+        ensemble([a, b], tmp_path / "e.yml", name="two")
+        assert "\nname: two\n" in (tmp_path / "e.yml").read_text()
+
+    def test_cli_name(self, tmp_path, capsys):
+        """`xser ensemble --name`; `xser inspect` shows the name."""
+        from xser.cli import main
+
+        a, _ = saved(tmp_path, "a", 1.0)
+        assert main(["ensemble", a, "--out", str(tmp_path / "e.yaml")]) == 0
+        assert main(["inspect", str(tmp_path / "e.yaml")]) == 0
+        assert "\n  experiment: e\n" in capsys.readouterr().out
+        assert main(["ensemble", a, "--out", str(tmp_path / "f.yaml"), "--name", "best three"]) == 0
+        assert "\nname: best three\n" in (tmp_path / "f.yaml").read_text()

@@ -115,3 +115,13 @@ def test_verify_checks_training_state(tmp_path):
     f.write_bytes(bytes(data))
     with pytest.raises(xser.DataError, match=r"training_state/0.npy: checksum mismatch"):
         verify_model(path)
+
+
+def test_an_unnamed_experiment_is_shown_as_such(tmp_path):
+    """A model saved without an experiment name (name: null) is shown as '(no name)', never as None."""
+    path = tmp_path / "m.yaml"
+    xser.save(Linear(2, 3), path)
+    assert "\nname: null\n" in path.read_text()
+    lines = lines_of(path)
+    assert lines[1] == "  experiment: (no name)"
+    assert not any("None" in line for line in lines)

@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from ._version import __version__
+from .cli_options import _avg_usage, _checked, _inspect_usage, _int_list, _positive, _weight_list, _which
 from .errors import XserError
 
 __all__ = ["main"]
@@ -52,7 +52,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             return 0
         print(f"wrote {args.plot}: metrics over steps and each checkpoint's relative L2 distance to the newest")
         return 0
-    view = open_model(args.model, args.checkpoint)
+    view = open_model(args.model, 0 if args.checkpoint is None else args.checkpoint)
     try:
         print("\n".join(view.lines()))
     finally:
@@ -64,47 +64,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _which(text: str) -> Any:
-    """--checkpoint: K (0 = newest), last, or best:METRIC[:max|min]."""
-    from .storage.listing import Best
-
-    if text == "last":
-        return 0
-    if text.startswith("best:"):
-        metric, _, mode = text[5:].partition(":")
-        try:
-            return Best(metric, mode or "max")
-        except XserError as e:
-            raise argparse.ArgumentTypeError(e.message) from None
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if k < 0:
-        raise argparse.ArgumentTypeError(f"expected K (0 = newest), last or best:METRIC[:max|min], got {text!r}")
-    return k
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip() != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def cmd_avg(args: argparse.Namespace) -> int:
     from .tools.average import average
 
     report = average(  # a progress bar on a terminal (storage.progress), as every long operation has
         args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
-        mode=args.mode, weights=args.weights, accumulate=args.accumulate, force=args.force,
+        mode=args.mode or "max", weights=args.weights, accumulate=args.accumulate, force=args.force,
         verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots,
     )
     used = ", ".join(
@@ -134,7 +99,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_ensemble(args: argparse.Namespace) -> int:
     from .tools.ensemble import ensemble
 
-    r = ensemble(args.models, args.out, rename=args.rename, path=args.path, force=args.force, verify=not args.no_verify)
+    r = ensemble(args.models, args.out, rename=args.rename, path=args.path, name=args.name, force=args.force,
+                 verify=not args.no_verify)
     print(f"wrote {r.out}: an !Ensemble of {len(r.members)} members")
     for (i, old), new in sorted(r.renamed.items()):
         print(f"  member {i}: {old} renamed to {new}")
@@ -219,28 +185,31 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model spec, e.g. out/model.yaml")
     p.add_argument("--verify", action="store_true", help="check every file against its checksum")
-    p.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="show checkpoint K (0 = newest); last; or the best by a recorded metric")
+    p.add_argument("--checkpoint", type=_which, metavar="K|last|best:METRIC[:min]", help="show checkpoint K (0 = newest, the default); last; or the best by a recorded metric")
     p.add_argument("--json", action="store_true",
                    help="per checkpoint: step, time, metrics and the relative L2 distance of its weights to the newest, as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="draw the metrics over steps and those distances (needs matplotlib: xser[plot])")
+    _checked(p, _inspect_usage)
 
 
 def _avg_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="saved model whose checkpoints (.data, .data.1, ...) are averaged")
     p.add_argument("--out", required=True, help="the new model's spec path (its data goes to OUT.data/)")
     sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--last", type=int, metavar="N", help="the N newest checkpoints")
+    sel.add_argument("--last", type=_positive, metavar="N", help="the N newest checkpoints (the model must have N)")
     sel.add_argument("--checkpoints", type=_int_list, metavar="I,J,...", help="these checkpoints (0 = newest)")
-    sel.add_argument("--best", type=int, metavar="N", help="the N best by --metric")
+    sel.add_argument("--best", type=_positive, metavar="N", help="the N best by --metric (N must record it)")
     p.add_argument("--metric", help="metric recorded with the checkpoints, for --best")
-    p.add_argument("--mode", choices=("max", "min"), default="max", help="for --best: higher or lower is better")
-    p.add_argument("--weights", type=_float_list, metavar="W0,W1,...", help="weighted mean, one weight per selected checkpoint, newest first")
+    p.add_argument("--mode", choices=("max", "min"), help="for --best: higher (max, the default) or lower (min) is better")
+    p.add_argument("--weights", type=_weight_list, metavar="W0,W1,...",
+                   help="weighted mean, one weight (finite, >= 0, not all 0) per selected checkpoint, newest first")
     p.add_argument("--accumulate", choices=("float64", "float32"), default="float64", help="sum in this precision (float32 is faster)")
     p.add_argument("--missing", choices=("present", "zero"), default="present",
                    help="hash tables: a row is the mean over the checkpoints that hold its id (present) or over all, absent rows as zeros")
     p.add_argument("--drop-slots", action="store_true", help="hash tables: leave the optimizer slots out of the average")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
+    _checked(p, _avg_usage)
 
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
@@ -259,6 +228,7 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="the ensemble's spec path")
     p.add_argument("--rename", action="store_true", help="give members fresh subcollection names where they clash")
     p.add_argument("--path", default="", help="dotted path of the part of each model to use (default: the whole experiment)")
+    p.add_argument("--name", help="the ensemble's experiment name (default: OUT's file name without .yaml)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
@@ -325,8 +295,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q = systems.add_parser("recis", help="the model as a RecIS checkpoint directory (hash tables and dense tensors)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
-    q.add_argument("--shards", type=int, default=1, help="RecIS's number of shards (GPUs): ids split by id %% 65536")
-    q.add_argument("--parallel", type=int, default=4, help="writer threads per shard (files per shard, at most)")
+    q.add_argument("--shards", type=_positive, default=1, help="RecIS's number of shards (GPUs): ids split by id %% 65536")
+    q.add_argument("--parallel", type=_positive, default=4, help="writer threads per shard (files per shard, at most)")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)")
@@ -357,7 +327,19 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
         add_args(p)
         p.set_defaults(func=func)
-    return ap
+    return _described(ap)
+
+
+def _described(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give each subcommand without a description its one-line help as one, at every depth (``--help`` shows it)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description and helps.get(name):
+                    sub.description = helps[name]
+                _described(sub)
+    return p
 
 
 def command_parser(name: str, prog: str) -> argparse.ArgumentParser:
@@ -367,13 +349,15 @@ def command_parser(name: str, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     add_args(p)
     p.set_defaults(func=func)
-    return p
+    return _described(p)
 
 
 def main(argv: list[str] | None = None, *, command: str | None = None, prog: str | None = None) -> int:
     """Run the CLI; with ``command``, run only that subcommand (as ``prog``)."""
     ap = parser() if command is None else command_parser(command, prog or f"xser {command}")
     args = ap.parse_args(argv)
+    if getattr(args, "_check", None) is not None:  # option combinations: a usage error (exit 2), before any work
+        args._check(args)
     try:
         return args.func(args)
     except XserError as e:

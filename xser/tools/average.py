@@ -68,7 +68,8 @@ def select(
     """The checkpoints to use, newest first: all, the last N, given indices, or the best N by a metric.
 
     ``best`` uses the same ranking as ``KeepBest`` (``policy.best_n``): checkpoints whose
-    metric is missing or NaN are never chosen.
+    metric is missing or NaN are never chosen. Asking for more checkpoints than there are (``last``)
+    or than record the metric (``best``) is an error, never a smaller selection without a word.
     """
     if isinstance(path, Scan):
         ckpts, where = path.checkpoints, Location(path.spec_path)
@@ -85,6 +86,10 @@ def select(
     if last is not None:
         if last < 1:
             raise CheckpointError(f"last must be >= 1, got {last}", where)
+        if last > len(ckpts):  # never fewer than asked without a word: no selection is the way to say "all"
+            n = len(ckpts)
+            raise CheckpointError(f"asked for the last {last} checkpoints, but the model has {n}; choose at most {n}, "
+                                  f"or no selection to average all {n}", where)
         return ckpts[:last]
     if indices is not None:
         if not indices:
@@ -109,6 +114,9 @@ def select(
             raise CheckpointError(
                 f"no checkpoint records metric {metric!r} as a number (recorded: {', '.join(known) or 'none'}){hint}", where
             )
+        if len(top) < best:
+            raise CheckpointError(f"asked for the best {best} checkpoints by {metric!r}, but only {len(top)} record it "
+                                  f"as a number; choose at most {len(top)}", where)
         return [ckpts[i] for i in top]
     return ckpts
 
@@ -130,6 +138,8 @@ def _weights(weights: Sequence[float] | None, n: int, where: Location) -> tuple[
         raise CheckpointError(f"{len(ws)} weights for {n} selected checkpoints", where)
     if not all(math.isfinite(w) for w in ws):
         raise CheckpointError(f"weights must be finite numbers, got {list(ws)}", where)
+    if any(w < 0 for w in ws):  # a negative weight is no mean: it extrapolates away from a checkpoint
+        raise CheckpointError(f"weights must not be negative, got {list(ws)}", where)
     if sum(ws) == 0:
         raise CheckpointError(f"weights sum to zero: {list(ws)}", where)
     return ws

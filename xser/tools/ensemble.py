@@ -56,8 +56,12 @@ def ensemble(
     force: bool = False,
     verify: bool = True,
 ) -> EnsembleReport:
-    """Write an ensemble of ``models`` (their experiment, or the part at dotted ``path``) to ``out``."""
+    """Write an ensemble of ``models`` (their experiment, or the part at dotted ``path``) to ``out``.
+
+    The ensemble's experiment is named ``name``, by default after its file (``ens.yaml``: ``ens``)."""
     out = os.fspath(out)
+    if name is None:
+        name = _stem(out)
     models = [os.fspath(m) for m in models]
     if not models:
         raise CheckpointError("an ensemble needs at least one model", Location(out))
@@ -67,7 +71,13 @@ def ensemble(
                                            durable=durable, force=force, verify=verify))
 
 
-def _ensemble(models: list[str], out: str, *, rename: bool, path: str, checkpoint: int, name: str | None, durable: bool,
+def _stem(path: str) -> str:
+    base = os.path.basename(path)
+    root, ext = os.path.splitext(base)
+    return root if ext in (".yaml", ".yml") and root else base
+
+
+def _ensemble(models: list[str], out: str, *, rename: bool, path: str, checkpoint: int, name: str, durable: bool,
               force: bool, verify: bool) -> EnsembleReport:
     with contextlib.ExitStack() as stack:
         return _ensemble_open(stack, models, out, rename=rename, path=path, checkpoint=checkpoint, name=name,
@@ -75,7 +85,7 @@ def _ensemble(models: list[str], out: str, *, rename: bool, path: str, checkpoin
 
 
 def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, rename: bool, path: str, checkpoint: int,
-                   name: str | None, durable: bool, force: bool, verify: bool) -> EnsembleReport:
+                   name: str, durable: bool, force: bool, verify: bool) -> EnsembleReport:
     members: list[Any] = []
     arrays: dict[str, Any] = {}
     owner: dict[str, str] = {}  # subcollection name in the ensemble -> member file

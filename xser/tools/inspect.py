@@ -73,7 +73,7 @@ class ModelView:
         name = self.tree.get("name") if isinstance(self.tree, dict) else None
         out = [
             f"model {self.path}",
-            f"  experiment: {name}",
+            f"  experiment: {'(no name)' if name is None else name}",
             f"  saved: {meta.get('created')} by xser {meta.get('xser_version')} (format {meta.get('format_version')})",
             f"  checkpoint: {os.path.basename(self.data.path)}" + (f" (id {meta['id']})" if meta.get("id") else ""),
             f"  spec: {self.spec_file}",

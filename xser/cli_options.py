@@ -1,0 +1,119 @@
+"""Argument types and option checks of the command line (``xser/cli.py``).
+
+A value that is wrong by itself (a count below 1, a negative weight) or options that do not go
+together (``--best`` without ``--metric``) are usage errors: argparse's message with the
+subcommand's usage line, exit 2, before anything is read or written. What depends on the model
+(more checkpoints asked for than it has) is the tools' ``XserError``, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .errors import XserError
+
+__all__: list[str] = []
+
+
+def _which(text: str) -> Any:
+    """--checkpoint: K (0 = newest), last, or best:METRIC[:max|min]."""
+    from .storage.listing import Best
+
+    if text == "last":
+        return 0
+    if text.startswith("best:"):
+        metric, _, mode = text[5:].partition(":")
+        try:
+            return Best(metric, mode or "max")
+        except XserError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise argparse.ArgumentTypeError(f"expected K (0 = newest), last or best:METRIC[:max|min], got {text!r}")
+    return k
+
+
+def _positive(text: str) -> int:
+    """A count of at least one (--last, --best, --shards, ...)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def _int_list(text: str) -> list[int]:
+    """--checkpoints: distinct checkpoint numbers, 0 = newest."""
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated checkpoint numbers (0 = newest), got {text!r}")
+    seen: set[int] = set()
+    for k in ks:
+        if k in seen:
+            raise argparse.ArgumentTypeError(f"checkpoint {k} is given twice")
+        seen.add(k)
+    return ks
+
+
+def _weight_list(text: str) -> list[float]:
+    """--weights: finite, non-negative, not all zero (the tools check the same; here it is a usage error)."""
+    try:
+        ws = [float(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        ws = []
+    if not ws:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not all(math.isfinite(w) for w in ws):
+        raise argparse.ArgumentTypeError(f"weights must be finite numbers, got {text!r}")
+    if any(w < 0 for w in ws):
+        raise argparse.ArgumentTypeError(f"weights must not be negative, got {text!r}")
+    if sum(ws) == 0:
+        raise argparse.ArgumentTypeError(f"weights sum to zero: {text!r}")
+    return ws
+
+
+def _checked(p: argparse.ArgumentParser, check: Callable[[argparse.Namespace], str | None]) -> None:
+    """Check option combinations after parsing: a message from ``check`` is a usage error (exit 2) of ``p``."""
+
+    def run(args: argparse.Namespace) -> None:
+        why = check(args)
+        if why:
+            p.error(why)
+
+    p.set_defaults(_check=run)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _avg_usage(args: argparse.Namespace) -> str | None:
+    if args.best is not None and args.metric is None:
+        return "--best needs --metric"
+    if args.best is None and args.metric is not None:
+        return "--metric is only used with --best"
+    if args.best is None and args.mode is not None:
+        return "--mode is only used with --best"
+    if args.weights is not None:
+        for opt, n, given in (("--last", args.last, args.last), ("--best", args.best, args.best),
+                              ("--checkpoints", len(args.checkpoints or ()), ",".join(map(str, args.checkpoints or ())))):
+            if given is not None and given != "" and n != len(args.weights):
+                return f"--weights gives {_count(len(args.weights), 'weight')} for the {_count(n, 'checkpoint')} of {opt} {given}"
+    return None
+
+
+def _inspect_usage(args: argparse.Namespace) -> str | None:
+    if args.checkpoint is not None and (args.json or args.plot):
+        return "--checkpoint shows one checkpoint; --json and --plot cover all of them"
+    return None
