@@ -331,7 +331,7 @@ class TestImport:
     @pytest.mark.parametrize("make, message", [
         (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "../x.safetensors"}}'),
          "index names '../x.safetensors', which is not a file of this directory"),
-        (lambda d: (d / "model.safetensors.index.json").write_text('{"weights": {}}'), "not a safetensors index: 'weight_map'"),
+        (lambda d: (d / "model.safetensors.index.json").write_text('{"weights": {}}'), 'not a safetensors index: it must hold {"weight_map": {key: file name}}'),
         (lambda d: None, "not a model directory: neither model.safetensors.index.json nor model.safetensors is in it"),
         (lambda d: safetensors.numpy.save_file({"1bad": np.zeros(1, np.float32)}, str(d / "model.safetensors")),
          "tensor name '1bad' cannot be an xser parameter name"),

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 from typing import Any
 
 import attrs
@@ -27,6 +25,8 @@ from ..model.registry import serializable
 from ..model.serialize import subcols_by_path
 from ..model.tables import SEP
 from ..storage.dtypes import find, resolve
+from ..storage.listing import Best, selector
+from ..storage.replace import replaced_output
 from ..storage.payloads import Lazy
 from ..storage.formats.safetensors import safetensors_tag
 from ..storage.recis_layout import INDEX, RANK_JSON, TENSORKEY, TORCH_NAMES, gen_slice, read_block, read_layout, slice_string, tensors
@@ -150,27 +150,26 @@ def _contents(data: Any, experiment: Any) -> tuple[dict, dict]:
 
 
 @writes_files
-def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint: int = 0, shards: int = 1, parallel: int = 4,
-                 force: bool = False, model_pt: bool = True) -> list[str]:
+def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None,
+                 mode: str = "max", shards: int = 1, parallel: int = 4, force: bool = False, model_pt: bool = True) -> list[str]:
     """Write ``model``'s checkpoint as a RecIS directory ``out`` (written beside it, then renamed into place).
+    ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``xser.load``.
 
     With torch installed (and ``model_pt``), dense tensors also go to ``model.pt`` (a ``torch.save`` of a dict of
     tensors: a pickle of tensors only, loadable with ``weights_only=True``), as RecIS's CheckpointManager writes it.
     """
     from ..api import retrying
     from ..spec.saved import open_saved
-    from .safetensors import _put_in_place
 
     model, out = os.fspath(model), os.fspath(out)
+    which = selector(checkpoint, metric, mode, model)
     refuse_existing(out, force)
 
     def once() -> list[str]:
-        with open_saved(model, checkpoint) as saved:
+        with open_saved(model, which) as saved:
             tables, dense = _contents(saved.data, saved.experiment)
         files = render_files(tables, dense, shards=shards, parallel=parallel)
-        staging = f"{out}.tmp-{secrets.token_hex(4)}"
-        os.makedirs(staging)
-        try:
+        with replaced_output(out) as staging:
             total = sum(a.nbytes for t in tables.values() for a in t.values()) + sum(a.nbytes for a in dense.values())
             with progress(total, "exporting"):
                 for name, body in files.items():
@@ -181,10 +180,6 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
                             advance(len(raw))
             if model_pt and dense:
                 _model_pt(os.path.join(staging, "model.pt"), dense)
-            _put_in_place(staging, out)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return [os.path.join(out, n) for n in sorted(os.listdir(out))]
 
     return retrying(model, once)

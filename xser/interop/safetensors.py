@@ -12,10 +12,9 @@ bounded by the largest tensor, not the model. Neither needs torch or the safeten
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import shutil
-import secrets
 from typing import Any
 
 import attrs
@@ -23,31 +22,42 @@ import numpy as np
 
 from . import refuse_existing, writes_files
 from ..storage.progress import advance, progress
-from ..errors import DataError, Location
+from ..errors import DataError, Location, did_you_mean
 from ..model.params import NAME_RE, fresh_name, params
 from ..model.registry import serializable
+from ..model.resources import PREFIX as RESOURCE
+from ..model.resources import resources
 from ..model.serialize import flat_keys
+from ..spec import Tagged
 from ..storage.dtypes import find, resolve
 from ..storage.formats.safetensors import SAFETENSORS
+from ..storage.fsutil import open_regular
+from ..storage.hf_layout import hf_files, hf_side_files, hf_tensors
+from ..storage.listing import Best, selector
 from ..storage.payloads import Lazy, Stream
-from ..storage.hf_layout import hf_files, hf_tensors
+from ..storage.replace import replaced_output
 
 __all__ = ["SafetensorsWeights", "export_safetensors", "import_safetensors", "parse_size"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 CHUNK_ELEMENTS = 1 << 20
+_log = logging.getLogger("xser")
 
 
 @serializable(tag="!SafetensorsWeights")
 class SafetensorsWeights:
-    """Tensors by key, as a safetensors file holds them: ``{key: [dtype, shape]}``."""
+    """Tensors by key, as a safetensors file holds them: ``{key: [dtype, shape]}``; and the configuration and tokenizer
+    files of the Hugging Face directory they came from (``files``: names), kept as resources (``resource.config.json``),
+    ``paths`` gives the saved copies."""
 
     tensors: dict
+    files: list = attrs.field(factory=list)
 
     def __attrs_post_init__(self):
         p = params(self)
         self.arrays = {k: p.add(k, tuple(shape), dtype=resolve(dtype), init="zeros") for k, (dtype, shape) in self.tensors.items()}
+        self.paths = {n: resources(self).add(n, name=n) for n in self.files}
 
 
 def parse_size(text: str | int) -> int:
@@ -88,56 +98,127 @@ def _shards(sizes: list[tuple[str, int]], limit: int | None) -> list[list[str]]:
 
 
 @writes_files
-def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint: int = 0,
-                       max_shard_size: str | int | None = None, force: bool = False, verify: bool = True) -> ExportReport:
-    """Write the Hugging Face layout of ``model``'s ``checkpoint`` into the directory ``out``.
+def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path: str = "", checkpoint: int | str | Best = 0,
+                       metric: str | None = None, mode: str = "max", max_shard_size: str | int | None = None, force: bool = False,
+                       verify: bool = True) -> ExportReport:
+    """Write the Hugging Face layout of ``model``'s checkpoint into the directory ``out``.
 
-    The directory appears whole: it is written beside ``out`` and renamed into place.
+    Keys are the parameters' component paths (``encoder.emb.weight``); with ``path``, only the parameters under that
+    component or submodule, relative to it (``path="model.lm"`` turns ``model.lm.bert.embeddings...`` into
+    ``bert.embeddings...``, the keys ``BertForMaskedLM.from_pretrained`` expects). The resource files of that
+    component (``resource.config.json``: an imported HF directory's configuration and tokenizer) are written as files.
+    ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``xser.load``. The directory appears whole:
+    it is written beside ``out`` and renamed into place.
     """
     from ..api import retrying
     from ..spec.saved import open_saved
 
     model, out = os.fspath(model), os.fspath(out)
+    which = selector(checkpoint, metric, mode, model)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     refuse_existing(out, force)
 
     def once() -> ExportReport:
-        with open_saved(model, checkpoint) as saved:
+        with open_saved(model, which) as saved:
             data = saved.data
             text = data.spec_text()
             if text is None:  # format_version 1: the top-level file is the spec
                 with open(model, encoding="utf-8") as f:
                     text = f.read()
-            keys = flat_keys(saved.experiment, data.subcollections)
+            keys, files = _selected(flat_keys(saved.experiment, data.subcollections), data.subcollections, path, data.path)
+            _warn_unloadable(saved.experiment, path, keys, out)
             entries = {k: data.subcollections[s][n] for k, (s, n) in keys.items()}
             for k, e in entries.items():
                 d = find(e.dtype)
                 if d is None or d.safetensors is None:
                     raise DataError(f"{k} is {e.dtype}: safetensors has no such dtype", Location(data.path))
             groups = _shards([(k, e.nbytes) for k, e in entries.items()], limit)
-            names = [SINGLE] if limit is None else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-            staging = f"{out}.tmp-{secrets.token_hex(4)}"
-            os.makedirs(staging)
-            try:
-                metadata = {"format": "pt", "xser_spec": text}
-                with progress(sum(e.nbytes for e in entries.values()), "exporting"):
+            sharded = len(groups) > 1  # one shard is model.safetensors without an index, as save_pretrained writes it
+            names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))] if sharded else [SINGLE]
+            for name in files:
+                if name in names or name == INDEX:
+                    raise DataError(f"the resource {name!r} has the name of a file the export writes", Location(data.path))
+            total = sum(e.nbytes for e in entries.values())
+            with replaced_output(out) as staging:
+                metadata = {"format": "pt", "xser_spec": text, **({"xser_path": path} if path else {})}
+                with progress(total + sum(data.subcollections[s][n].nbytes for s, n in files.values()), "exporting"):
                     for name, group in zip(names, groups):
                         arrays = {k: Lazy(entries[k].dtype, entries[k].shape, _reader(data, entries[k], verify)) for k in group}
                         SAFETENSORS.write_bundle(os.path.join(staging, name), arrays, metadata)
-                total = sum(e.nbytes for e in entries.values())
-                if limit is not None:
+                    for name, (s, n) in files.items():
+                        raw = _reader(data, data.subcollections[s][n], verify)()
+                        with open(os.path.join(staging, name), "xb") as f:
+                            f.write(np.ascontiguousarray(raw).tobytes())
+                if sharded:
                     index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, g in zip(names, groups) for k in g}}
                     with open(os.path.join(staging, INDEX), "w", encoding="utf-8") as f:
                         json.dump(index, f, indent=2)
                         f.write("\n")
-                _put_in_place(staging, out)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            files = tuple(os.path.join(out, n) for n in names + ([INDEX] if limit is not None else []))
-            return ExportReport(out, files, len(entries), total)
+            written = names + ([INDEX] if sharded else []) + sorted(files)
+            return ExportReport(out, tuple(os.path.join(out, n) for n in written), len(entries), total)
 
     return retrying(model, once)
+
+
+def _is_resource(name: str, e: Any) -> bool:
+    return name.startswith(RESOURCE) and e.dtype == np.uint8 and len(e.shape) == 1 and all(b.format == "raw" for b in e.blocks)
+
+
+def _selected(keys: dict[str, tuple[str, str]], subs: dict, path: str, where: str) -> tuple[dict, dict]:
+    """``({key: (sub, param)}, {file name: (sub, param)})``: the tensors under ``path``, relative to it, and the resource
+    files of the component there. Resources of the components below it are neither (they are not tensors)."""
+    if path:
+        prefix = path + "."
+        under = {k[len(prefix):]: v for k, v in keys.items() if k.startswith(prefix)}
+        if not under:
+            known = sorted({k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)})
+            raise DataError(f"no component or submodule {path!r} holds parameters{did_you_mean(path, known)}", Location(where))
+        keys = under
+    tensors, files = {}, {}
+    for k, (s, n) in keys.items():
+        if _is_resource(n, subs[s][n]):
+            if k == n:  # the exported component's own resource
+                files[n[len(RESOURCE):]] = (s, n)
+            continue
+        tensors[k] = (s, n)
+    return tensors, files
+
+
+def _node(tree: Any, path: str) -> tuple[bool, Any]:
+    """``(found, node)``: the spec node at a dotted path; not found when the path goes below a component's
+    arguments (into its parameters: a submodule)."""
+    node = tree
+    for part in path.split(".") if path else []:
+        if isinstance(node, Tagged):
+            node = node.args
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def _warn_unloadable(experiment: Any, path: str, keys: dict, out: str) -> None:
+    """Warn when the exported part of the spec is a plain mapping or list, not a component: its keys then begin with
+    the spec's own structure (``model.``), which no module's ``state_dict()`` has, so ``from_pretrained`` or
+    ``load_state_dict`` would initialise every tensor at random (transformers only reports that). The suggested
+    ``--path`` is where every key starts with the same component or submodule prefix, as deep as that goes."""
+    found, node = _node(experiment, path)
+    if not keys or not found or not isinstance(node, (dict, list)):
+        return
+    parts = [k.split(".") for k in keys]
+    common: list[str] = []
+    while all(len(p) > len(common) + 1 for p in parts) and len({p[len(common)] for p in parts}) == 1:
+        common.append(parts[0][len(common)])
+    firsts = sorted({p[0] for p in parts})
+    hint = (f"export the module with --path {'.'.join(filter(None, [path, *common]))} (path= in the API)" if common
+            else f"export one component with --path (path= in the API): {', '.join('.'.join(filter(None, [path, f])) for f in firsts)}")
+    start = ".".join(filter(None, [path, firsts[0]])) if path else firsts[0]
+    _log.warning("%s: the keys begin with the spec's structure (%r), not with a module's: no module's state_dict() has "
+                 "such keys, so from_pretrained or load_state_dict would leave every tensor at its initial value; %s",
+                 out, f"{start}.", hint)
 
 
 def _reader(data: Any, entry: Any, verify: bool) -> Any:
@@ -149,20 +230,6 @@ def _reader(data: Any, entry: Any, verify: bool) -> Any:
     return take
 
 
-def _put_in_place(staging: str, out: str) -> None:
-    """Rename the finished directory to ``out``; an existing ``out`` (``force``) is removed only after that."""
-    old = None
-    if os.path.lexists(out):
-        old = f"{out}.old-{secrets.token_hex(4)}"
-        os.rename(out, old)
-    os.rename(staging, out)
-    if old is not None:
-        if os.path.isdir(old) and not os.path.islink(old):
-            shutil.rmtree(old)
-        else:
-            os.unlink(old)
-
-
 # ---------------------------------------------------------------- import
 
 
@@ -171,11 +238,13 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     """Make an xser model of a safetensors file or HF directory; returns its subcollection name.
 
     Tensors are copied one at a time, in chunks (the source is never loaded whole). ``format``
-    is the weight format of the new model (``npy`` or ``safetensors``).
+    is the weight format of the new model (``npy`` or ``safetensors``). A directory's configuration
+    and tokenizer files (``*.json`` but the index, ``*.txt``, ``*.model``, ``*.tiktoken``, ``*.jinja``)
+    are kept as resources of the model, and ``export_safetensors`` writes them back.
     """
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
-    from ..spec import Tagged, dump
+    from ..spec import dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     source, out = os.fspath(source), os.fspath(out)
@@ -184,15 +253,41 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     for key, (path, _) in found.items():
         if not NAME_RE.fullmatch(key):
             raise DataError(f"tensor name {key!r} cannot be an xser parameter name (it must match {NAME_RE.pattern})", Location(path))
+        if key.startswith(RESOURCE):
+            raise DataError(f"tensor name {key!r}: names starting with {RESOURCE!r} are the model's resource files", Location(path))
+    side, skipped = hf_side_files(source)
+    for name in skipped:
+        _log.warning("%s: not a regular file, not imported", os.path.join(source, name))
+    for n in [n for n in side if not NAME_RE.fullmatch(RESOURCE + n)]:
+        _log.warning("%s: a file name xser cannot keep (%r must match %s), not imported", os.path.join(source, n), RESOURCE + n,
+                     NAME_RE.pattern)
+        side.remove(n)
     name = fresh_name(SafetensorsWeights)
     tensors = {k: [find(t[0]).tag, list(t[1])] for k, (_, t) in found.items()}
-    tree = Tagged("!SafetensorsWeights", {"tensors": tensors, "xser_subcol_name": name})
+    args: dict[str, Any] = {"tensors": tensors, **({"files": side} if side else {}), "xser_subcol_name": name}
+    tree = Tagged("!SafetensorsWeights", args)
     text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(source.rstrip("/")), "experiment": tree})
-    arrays = {k: (_stream(path, k, t) if format == "npy" else _whole(path, k, t), True) for k, (path, t) in found.items()}
+    arrays: dict[str, tuple[Any, bool]] = {
+        k: (_stream(path, k, t) if format == "npy" else _whole(path, k, t), True) for k, (path, t) in found.items()}
+    arrays.update({RESOURCE + n: (_side_file(os.path.join(source, n)), False) for n in side})
     meta = {"training": {"imported_from": os.path.abspath(source), "files": [os.path.basename(p) for p in files]}}
-    formats = {f"{name}/*": format} if format != "npy" else None
-    write_new_model(out, [Snapshot(text, {name: arrays}, meta, formats or {})], SaveOptions(durable), force=force)
+    formats = {f"{name}/{RESOURCE}*": "raw", f"{name}/*": format}
+    write_new_model(out, [Snapshot(text, {name: arrays}, meta, formats)], SaveOptions(durable), force=force)
     return name
+
+
+def _side_file(path: str) -> np.ndarray:
+    """A configuration or tokenizer file's bytes (a regular file, at most a resource's size)."""
+    from ..model.resources import MAX_BYTES
+
+    try:
+        with open_regular(path, "the configuration or tokenizer file") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise DataError(f"{size} bytes, more than the {MAX_BYTES} a resource may have", Location(path))
+            return np.frombuffer(f.read(size), np.uint8).copy()
+    except OSError as e:
+        raise DataError(f"cannot read: {e.strerror or e}", Location(path)) from None
 
 
 def _whole(path: str, key: str, t: tuple) -> Lazy:
@@ -200,7 +295,7 @@ def _whole(path: str, key: str, t: tuple) -> Lazy:
     dtype, shape = t[0], tuple(t[1])
 
     def take(index: tuple | None = None) -> np.ndarray:
-        with open(path, "rb") as f:
+        with open_regular(path, "the safetensors file") as f:
             a = SAFETENSORS.read(f, path, dtype, shape, os.fstat(f.fileno()).st_size, mmap=False, verify=None, key=key)
         return a if index is None else a[index]
 
@@ -211,7 +306,7 @@ def _stream(path: str, key: str, t: tuple) -> Stream:
     dtype, shape = t[0], tuple(t[1])
 
     def chunks():
-        with open(path, "rb") as f:
+        with open_regular(path, "the safetensors file") as f:
             size = os.fstat(f.fileno()).st_size
             for piece in SAFETENSORS.chunks(f, path, dtype, shape, size, CHUNK_ELEMENTS, key=key):
                 yield piece.view(np.uint8)

@@ -12,7 +12,6 @@ reader cannot read back; xser writes ``BOOL`` and reads both.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -23,6 +22,8 @@ import numpy as np
 from ..errors import DataError, Location
 from .dtypes import DTYPES
 from .formats.safetensors import parse_header, read_at
+from .fsutil import open_regular
+from .jsonlimit import NotJSON, loads_limited
 
 __all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_capped", "read_layout", "slice_string",
            "tensors"]
@@ -59,8 +60,9 @@ class RecisBlock:
 
 
 def read_capped(path: str, cap: int = 64 << 20) -> bytes:
-    """A small metadata file, whole; one larger than ``cap`` is refused before anything is allocated."""
-    with open(path, "rb") as f:
+    """A small metadata file, whole; one larger than ``cap`` is refused before anything is allocated, and a FIFO or
+    other special file is refused, not waited for."""
+    with open_regular(path, "the metadata file") as f:
         size = os.fstat(f.fileno()).st_size
         if size > cap:
             raise DataError(f"file of {size} bytes: larger than {cap} bytes, the limit for this metadata", Location(path))
@@ -73,12 +75,12 @@ def _json(path: str, what: str) -> Any:
     except FileNotFoundError:
         raise DataError(f"{what} is missing: not a RecIS checkpoint directory", Location(path)) from None
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        return loads_limited(raw, path, what)
+    except NotJSON:
         if what == "index" and raw and all(line.strip() for line in raw.decode("utf-8", "replace").splitlines()):
             raise DataError("a RecIS v1 checkpoint (its index lists files, one per line): convert it with RecIS's "
                             "tools/convert_v1_to_v2.py first", Location(path)) from None
-        raise DataError(f"{what} is not JSON: {e}", Location(path)) from None
+        raise
 
 
 def read_layout(directory: str) -> list[RecisBlock]:
@@ -102,7 +104,7 @@ def read_layout(directory: str) -> list[RecisBlock]:
             raise DataError(f"block {key!r} names file index {idx!r}, which the index does not list", Location(os.path.join(directory, INDEX)))
         if file not in headers:
             try:
-                with open(file, "rb") as f:
+                with open_regular(file, "the RecIS data file") as f:
                     headers[file] = parse_header(f, file, aliases={"bool": "BOOL"})
             except FileNotFoundError:
                 raise DataError("a file the index names is missing", Location(file)) from None

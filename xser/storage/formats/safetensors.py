@@ -24,11 +24,13 @@ from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
 from ..dtypes import DTYPES, dtype_problem, find, from_safetensors, storage_of
+from ..fsutil import open_regular
+from ..jsonlimit import loads_limited
 from .npy import _read_exactly, byte_view, map_fd
 
 __all__ = ["SAFETENSORS", "SafetensorsFormat", "parse_header", "read_at", "render_header", "safetensors_tag"]
 
-MAX_HEADER = 100 << 20  # what the safetensors library itself accepts
+MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE (bytes, decimal: not 100 MiB)
 CHUNK = 8 << 20
 
 
@@ -71,10 +73,7 @@ def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict
     n = int.from_bytes(raw, "little")
     if n > MAX_HEADER or 8 + n > size:
         raise DataError(f"not a safetensors file: header length {n} (file has {size} bytes, limit {MAX_HEADER})", Location(where))
-    try:
-        head = json.loads(f.read(n).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"safetensors header is not JSON: {e}", Location(where)) from None
+    head = loads_limited(f.read(n), where, "safetensors header")
     if not isinstance(head, dict):
         raise DataError("safetensors header is not a JSON object", Location(where))
     start, data = 8 + n, size - 8 - n
@@ -105,6 +104,15 @@ def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict
     for (_, e1, a), (b2, _, b) in zip(spans, spans[1:]):
         if b2 < e1:
             raise DataError(f"safetensors tensors {a!r} and {b!r} overlap", Location(where))
+    # as the safetensors library: the tensors' bytes follow each other from the start of the data to its end
+    at = 0
+    for b1, e1, a in spans:
+        if b1 != at:
+            raise DataError(f"safetensors tensor {a!r} starts at data byte {b1}, not {at} where the tensor before it ends "
+                            "(the tensors' bytes must follow each other without gaps)", Location(where))
+        at = e1
+    if at != data:
+        raise DataError(f"safetensors tensors end at data byte {at} but the file holds {data} data bytes", Location(where))
     return out, start
 
 
@@ -114,7 +122,7 @@ def read_at(path: str, offset: int, dtype: np.dtype, shape: tuple, rows: tuple[i
         offset += rows[0] * math.prod(shape[1:]) * dtype.itemsize
         shape = (rows[1] - rows[0],) + tuple(shape[1:])
     out = np.empty(shape, dtype)
-    with open(path, "rb") as f:
+    with open_regular(path, "the data file") as f:
         f.seek(offset)
         _read_exactly(f, byte_view(out) if out.size else np.empty(0, np.uint8), path)
     return out

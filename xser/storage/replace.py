@@ -1,0 +1,127 @@
+"""Export outputs put in place whole: every exporter (safetensors, RecIS, Angel, DiSMEC++, XNMT) writes each output
+path under a temporary name beside it and then moves it to its name, replacing what was there.
+
+Where the OS swaps two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``, as a checkpoint's publish does),
+an output path is never missing and never half written, at any kill point: before the swap it holds the old
+output, after it the new one, and the old one sits at the temporary name until it is removed. Elsewhere the old
+output is first renamed to ``OUT.old-<pid>-<hex>``, so a kill between the two renames leaves ``OUT`` missing
+and the old output whole at that name. The next export to the same name removes what a killed one left
+(``OUT.tmp-*`` and ``OUT.old-*`` of processes no longer running; a running export's temporaries are left alone).
+
+An export of several paths (DiSMEC++'s weight files and metadata, XNMT's model file and data directories)
+replaces them one at a time, the file that names the others last: each path is whole at every kill point,
+but a kill between two of them leaves some old and some new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Iterator, Sequence
+
+from .commit import exchange
+from .layout import OLD_MARK, TMP_MARK, temp_name
+
+__all__ = ["output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
+
+_PID = re.compile(r"([0-9]+)-[0-9a-f]+")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists (another user's)
+        return True
+    return True
+
+
+def output_leftovers(out: str) -> list[str]:
+    """What killed exports to ``out`` left beside it: ``OUT.tmp-*`` and ``OUT.old-*`` whose process is gone
+    (names without a process id, written by xser 0.1, count as gone)."""
+    parent = os.path.dirname(os.path.abspath(out))
+    base = os.path.basename(os.path.abspath(out))
+    try:
+        names = os.listdir(parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        for mark in (TMP_MARK, OLD_MARK):
+            if name.startswith(base + mark):
+                m = _PID.fullmatch(name[len(base + mark):])
+                if m is None or not _alive(int(m.group(1))):
+                    found.append(os.path.join(parent, name))
+    return sorted(found)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def remove_output_leftovers(out: str) -> list[str]:
+    found = output_leftovers(out)
+    for path in found:
+        _remove(path)
+    return found
+
+
+def put_in_place(staged: str, out: str) -> None:
+    """Move the finished ``staged`` to ``out``, replacing what is there (by an atomic swap where the OS has one),
+    then remove the old output."""
+    if not os.path.lexists(out):
+        os.rename(staged, out)
+        return
+    if exchange(staged, out):
+        _remove(staged)  # the old output, now at the temporary name
+        return
+    if not os.path.isdir(staged) and not os.path.isdir(out):
+        os.replace(staged, out)  # a file over a file: atomic anyway
+        return
+    old = temp_name(out, OLD_MARK)
+    os.rename(out, old)
+    os.rename(staged, out)
+    _remove(old)
+
+
+@contextlib.contextmanager
+def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool]) -> Iterator[list[str]]:
+    """Temporary names for the output paths ``outs`` (an empty directory made for each ``dirs`` entry that is true;
+    files are for the caller to create); when the block ends without an error they are put in place in order,
+    else removed. Leftovers of killed exports to these names are removed first."""
+    for out in outs:
+        remove_output_leftovers(out)
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    staged: list[str] = []
+    try:
+        for out, is_dir in zip(outs, dirs):
+            staged.append(temp_name(out))
+            if is_dir:
+                os.mkdir(staged[-1])
+        yield list(staged)
+        for s, out in zip(staged, outs):
+            if os.path.lexists(s):
+                put_in_place(s, out)
+    except BaseException:
+        for s in staged:
+            if os.path.lexists(s):
+                _remove(s)
+        raise
+
+
+@contextlib.contextmanager
+def replaced_output(out: str, *, directory: bool = True) -> Iterator[str]:
+    """``replaced_outputs`` for one path."""
+    with replaced_outputs([out], [directory]) as staged:
+        yield staged[0]
