@@ -248,11 +248,3 @@ class TestCheckpoint:
         errors = [line.split(": error: ")[1] for line in r.stdout.splitlines() if ": error: " in line]
         assert errors == ['Argument "checkpoint" to "export_safetensors" has incompatible type "float"; expected "int | str | Best"  '
                           "[arg-type]"], r.stdout
-
-
-def test_export_help_describes_each_system(capsys):
-    for system in ("safetensors", "recis", "dismec", "angel", "xnmt"):
-        with pytest.raises(SystemExit):
-            main(["export", system, "--help"])
-        text = capsys.readouterr().out
-        assert text.split("\n\n")[1].startswith("Write "), (system, text)

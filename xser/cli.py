@@ -261,8 +261,7 @@ def _import_args(p: argparse.ArgumentParser) -> None:
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
-    q = systems.add_parser("dismec", help="one matrix as DiSMEC++ metadata and weight files",
-                           description="Write one 2-D float matrix of a saved model as DiSMEC++'s metadata JSON and weight files.")
+    q = systems.add_parser("dismec", help="one matrix as DiSMEC++ metadata and weight files")
     q.add_argument("model", help="saved xser model")
     q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
     q.add_argument("out", help="the metadata JSON file to write (weight files go beside it)")
@@ -276,9 +275,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
     q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
-    q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)",
-                           description="Write one 2-D float matrix of a saved model as an Angel matrix directory OUT/NAME "
-                           "(_meta and partition files, grouped as Angel's parameter server writes them).")
+    q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
     q.add_argument("out", help="directory to write the matrix directory into")
@@ -291,27 +288,18 @@ def _export_args(p: argparse.ArgumentParser) -> None:
                    help="partitions per data file at most, grouped by halving as Angel's PS does (angel.ps.max.partition.number.single.file; default 5)")
     q.add_argument("--sep", default=",", help="separator of the text formats (Angel's default: ,)")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
-    q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files",
-                           description="Write a saved model and all its checkpoints as XNMT's model file (YAML) and DyNet "
-                           "text data directories OUT.data, OUT.data.1, ...")
+    q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="the XNMT model file to write (data goes to OUT.data, OUT.data.1, ...)")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    q = systems.add_parser("recis", help="the model as a RecIS checkpoint directory (hash tables and dense tensors)",
-                           description="Write a checkpoint of a saved model as a RecIS v2 checkpoint directory: hash tables "
-                           "by component path and table name, other arrays as dense tensors by their keys.")
+    q = systems.add_parser("recis", help="the model as a RecIS checkpoint directory (hash tables and dense tensors)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
     q.add_argument("--shards", type=_positive, default=1, help="RecIS's number of shards (GPUs): ids split by id %% 65536")
     q.add_argument("--parallel", type=_positive, default=4, help="writer threads per shard (files per shard, at most)")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)",
-                           description="Write a checkpoint of a saved model as a Hugging Face directory: model.safetensors "
-                           "(or shards and model.safetensors.index.json), keys by component path (model.encoder.emb.weight), "
-                           "and the exported component's resource files (an imported HF directory's config.json and tokenizer "
-                           "files). --path exports one component or submodule with keys relative to it, as "
-                           "from_pretrained and load_state_dict expect them.")
+    q = systems.add_parser("safetensors", help="the model as Hugging Face safetensors (model.safetensors, or shards and an index)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("out", help="directory to write (appears whole, by a rename)")
     q.add_argument("--path", default="", metavar="COMPONENT",
