@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from components import Leaf, Node
+from xser.storage.dtypes import DTYPES
 from xser.storage.formats.npy import describe_dtype
 
 # Every kind of dtype numpy stores in .npy without pickle.
@@ -25,7 +26,7 @@ scalar_dtypes = st.one_of(
 )
 record_dtypes = hnp.array_dtypes(subtype_strategy=scalar_dtypes, min_size=1, max_size=3)
 # numpy lacks these; xser stores their bits (ml_dtypes, a test dependency, gives them to numpy)
-ml_dtypes_ = st.sampled_from(["bfloat16", "float8_e4m3fn", "float8_e5m2"]).map(lambda t: np.dtype(getattr(ml_dtypes, t)))
+ml_dtypes_ = st.sampled_from(sorted(t for t, d in DTYPES.items() if d.extension)).map(lambda t: np.dtype(getattr(ml_dtypes, t)))
 all_dtypes = st.one_of(scalar_dtypes, record_dtypes, ml_dtypes_)
 # Raw bytes carry no meaning: refused before anything is written.
 void_dtypes = st.integers(1, 8).map(lambda n: np.dtype(f"V{n}"))

@@ -550,3 +550,20 @@ def test_checkpoint_selection_errors(tmp_path, kw, message):
     with pytest.raises(xser.CheckpointError) as info:
         xser.load(path, **kw)
     assert str(info.value).endswith(message)
+
+
+def test_load_into_lists_every_shape_and_the_arguments(tmp_path):
+    """load_into an object of other sizes: every parameter that differs, and the constructor arguments that made it,
+    before anything is read (the object keeps its values)."""
+    path = str(tmp_path / "m.yaml")
+    saved = Linear(2, 3)
+    xser.save(saved, path, durable=False)
+    other = Linear(4, 5, init="zeros")
+    with pytest.raises(xser.DataError) as info:
+        xser.load_into(other, path)
+    assert str(info.value) == (
+        f"{path}.data/{xser.params(saved).name}: W: (5, 4) float32 in the object, (3, 2) float32 on disk; b: (5,) float32 in "
+        "the object, (3,) float32 on disk; constructor argument(s) that differ: in_dim=4 here, 2 saved, out_dim=5 here, 3 saved, "
+        "init='zeros' here, 'glorot_uniform' saved (component at the root)"
+    )
+    assert not other.W.any()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -19,7 +20,7 @@ from xser.storage.dtypes import DTYPES, round_into
 from xser.tools.average import average
 
 TABLE = sorted(DTYPES)
-EXTENSIONS = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+EXTENSIONS = sorted(t for t, d in DTYPES.items() if d.extension)
 
 
 def numpy_dtype(tag: str) -> np.dtype:
@@ -47,8 +48,36 @@ class TestTable:
             assert (d.average is not None) == (tag.startswith(("float", "bfloat", "complex"))), tag
             assert dtypes.find(dt) is d and dtypes.resolve(tag) == dt
         assert sorted(d.safetensors for d in DTYPES.values() if d.safetensors) == sorted(
-            ["F16", "F32", "F64", "BF16", "F8_E4M3", "F8_E5M2", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL", "C64"]
+            ["F16", "F32", "F64", "BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I8", "I16", "I32", "I64", "U8", "U16",
+             "U32", "U64", "BOOL", "C64"]
         )
+
+    def test_every_dtype_torch_and_safetensors_share(self):
+        """The table holds every torch dtype that safetensors writes and reads back, under safetensors' own name; the
+        rest (complex32, float8_e8m0fnu, float4, sub-byte and quantized types) torch cannot pass through safetensors."""
+        torch = pytest.importorskip("torch")
+        import safetensors.torch
+
+        shared = {}
+        for name in dir(torch):
+            dt = getattr(torch, name)
+            if not isinstance(dt, torch.dtype) or str(dt) != f"torch.{name}":
+                continue
+            try:
+                with warnings.catch_warnings():  # complex32 is "experimental"
+                    warnings.simplefilter("ignore")
+                    t = torch.zeros(2, 3, dtype=torch.uint8).view(dt) if dt.itemsize == 1 else torch.zeros(2, 3, dtype=dt)
+                    data = safetensors.torch.save({"a": t})
+                    back = safetensors.torch.load(data)["a"]
+            except (KeyError, RuntimeError, TypeError, ValueError):
+                continue
+            assert back.dtype == dt and back.shape == t.shape, name
+            header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+            shared[name] = header["a"]["dtype"]
+        assert {t: d.safetensors for t, d in DTYPES.items() if d.safetensors} == shared
+        assert {t for t, d in DTYPES.items() if d.safetensors is None} == {"complex128"}
+        for tag, d in DTYPES.items():
+            assert d.torch == tag and isinstance(getattr(torch, d.torch), torch.dtype), tag
 
     def test_big_endian_numpy_dtypes_are_found(self):
         assert dtypes.find(np.dtype(">f4")) is DTYPES["float32"]
@@ -160,7 +189,7 @@ def exact_nearest_even(x: np.ndarray, dt: np.dtype) -> np.ndarray:
 
 
 class TestRounding:
-    @pytest.mark.parametrize("tag", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"])
+    @pytest.mark.parametrize("tag", EXTENSIONS + ["float16"])
     @settings(max_examples=60, deadline=None)
     @given(data=st.data())
     def test_round_into_is_nearest_even_once(self, tag, data):
@@ -185,7 +214,7 @@ class TestRounding:
 
 
 class TestAverage:
-    @pytest.mark.parametrize("tag", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16"])
+    @pytest.mark.parametrize("tag", EXTENSIONS + ["float16"])
     @pytest.mark.parametrize("accumulate", ["float64", "float32"])
     def test_low_precision_mean(self, tmp_path, tag, accumulate):
         """bf16/fp16/fp8 are averaged in float32 or float64 and written back rounded once to the stored dtype;

@@ -58,8 +58,8 @@ class TestAdd:
          "view it as uint8 or a record dtype"),
         (dict(name="w", shape=(2,), dtype=[("a", "<f4"), ("b", "V2")]), "param 'w': field 'b': raw void dtype |V2 cannot be saved"),
         (dict(name="w", shape=(2,), dtype=ml_dtypes.int4), "param 'w': ml_dtypes.int4 is not supported "
-         "(of ml_dtypes' types xser stores bfloat16, float8_e4m3fn, float8_e5m2)"),
-        (dict(name="w", shape=(2,), dtype=ml_dtypes.float8_e4m3fnuz), "param 'w': ml_dtypes.float8_e4m3fnuz is not supported"),
+         "(of ml_dtypes' types xser stores bfloat16, float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz)"),
+        (dict(name="w", shape=(2,), dtype=ml_dtypes.float8_e8m0fnu), "param 'w': ml_dtypes.float8_e8m0fnu is not supported"),
         (dict(name="w", shape=(2,), init="gaussian"), "unknown init 'gaussian' (known: glorot_normal"),
         (dict(name="w", shape=(2,), init=np.zeros(3)), "init gave shape (3,), declared (2,)"),
     ]

@@ -21,7 +21,7 @@ from .model.build import ExperimentSpec, build_spec
 from .model.overrides import apply_overrides
 from .model.adapters import array_kind
 from .model.build import build as _build
-from .model.serialize import subcols_by_path, to_tree
+from .model.serialize import arg_clause, saved_args, subcols_by_path, to_tree
 from .spec import read
 from .spec.saved import is_saved, open_saved
 from .storage import training_state
@@ -222,6 +222,7 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
                 unused = sorted(set(data.subcollections) - {disk for _, disk, _ in plan})
                 if unused:
                     raise DataError(f"subcollections on disk are not used by the object: {', '.join(unused)} (strict=False ignores them)", Location(data.path))
+            _refuse_mismatches(plan, live, saved.experiment, data.path)
             for sub, disk, entries in plan:
                 arrays = gather(data.read_many(entries, verify=verify), {disk: {}})[disk]
                 sub.fill(arrays, os.path.join(data.path, disk))
@@ -229,6 +230,23 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
                 _log.warning("%s: not in the checkpoint, kept as the object holds them (missing=\"init\"): %s", data.path, ", ".join(kept))
 
     retrying(path, once)
+
+
+def _refuse_mismatches(plan: list, live: dict, experiment: Any, datadir: str) -> None:
+    """Before anything is read: every parameter whose shape or dtype the object cannot take, in one ``DataError``, by
+    component, with the constructor arguments that differ from the saved ones."""
+    parts = []
+    for sub, disk, entries in plan:
+        lines = sub.mismatches({e.name: (e.shape, e.dtype) for e in entries})
+        if lines:
+            where = live[sub.name][1]
+            parts.append((where, disk, "; ".join(lines) + arg_clause(sub.owner, saved_args(experiment, disk))))
+    if len(parts) == 1:
+        where, disk, text = parts[0]
+        raise DataError(f"{text} (component at {where})", Location(os.path.join(datadir, disk)))
+    if parts:
+        raise DataError("parameters differ from the checkpoint in shape or dtype: "
+                        + " | ".join(f"component at {where} ({disk}): {text}" for where, disk, text in parts), Location(datadir))
 
 
 def read_params(

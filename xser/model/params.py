@@ -196,6 +196,21 @@ class Subcollection:
         self._partial.pop(name, None)
         self._places[name] = [p for p in self._places.get(name, []) if _get(self._owner, p) is value]
 
+    @property
+    def owner(self) -> Any:
+        """The component whose parameters these are."""
+        return self._owner
+
+    def mismatches(self, found: dict[str, tuple[tuple[int, ...], np.dtype]]) -> list[str]:
+        """What ``fill`` would refuse, for arrays of these shapes and dtypes: one line per parameter, sorted."""
+        out = []
+        for name in sorted(found):
+            decl = self._decls.get(name)
+            shape, dtype = found[name]
+            if decl is not None and (tuple(shape) != decl.shape or np.dtype(dtype) != decl.dtype):
+                out.append(f"{name}: {shape_str(decl.shape)} {decl.dtype} in the object, {shape_str(shape)} {np.dtype(dtype)} on disk")
+        return out
+
     def names(self) -> list[str]:
         """Every name this subcollection saves: parameters, then the parts of its tables (``emb@id``, ...)."""
         return list(self._decls) + [f"{t}{SEP}{p}" for t, tab in self._tables.items() for p in ("id", "embedding", *tab.slots)]

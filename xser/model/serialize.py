@@ -16,9 +16,9 @@ import numpy as np
 from ..errors import DataError, Location, RegistryError, SpecError
 from .params import Subcollection, subcollection_of
 from .registry import info_for
-from ..spec import Tagged, format_path
+from ..spec import Tagged, format_path, iter_tagged
 
-__all__ = ["flat_keys", "subcols_by_path", "to_tree"]
+__all__ = ["arg_changes", "arg_clause", "flat_keys", "saved_args", "subcols_by_path", "to_tree"]
 
 SAVE_HOOK = "xser_saved_args"
 
@@ -158,3 +158,50 @@ def to_tree(obj: Any) -> tuple[Any, dict[str, tuple[Subcollection, str]]]:
     """The spec tree of ``obj`` and its subcollections ``{name: (subcollection, path)}``."""
     d = _Dumper()
     return d.walk(obj, ()), d.subcols
+
+
+def saved_args(tree: Any, subcol: str) -> dict[str, Any] | None:
+    """The arguments a saved spec gives the component whose subcollection is ``subcol`` (None: no such component)."""
+    for node in iter_tagged(tree):
+        if node.tag != "!Ref" and node.args.get("xser_subcol_name") == subcol:
+            return {k: v for k, v in node.args.items() if k not in ("xser_subcol_name", "xser_id", "xser_version")}
+    return None
+
+
+def _plain(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, (str, int)) and _plain(x) for k, x in v.items())
+    return False
+
+
+def arg_changes(obj: Any, saved: dict[str, Any] | None) -> list[str]:
+    """The constructor arguments of ``obj`` that differ from ``saved`` (a saved spec's arguments of the same component),
+    as ``"dim=8 here, 4 saved"``; only plain values are compared (components and other objects are skipped)."""
+    info = info_for(obj)
+    if info is None or saved is None:
+        return []
+    out = []
+    for f in info.fields:
+        now = getattr(obj, f.name, None)
+        was = saved.get(f.alias, now)
+        if isinstance(now, tuple):
+            now = list(now)
+        if _plain(now) and _plain(was) and now != was:
+            out.append(f"{f.alias}={now!r} here, {was!r} saved")
+    return out
+
+
+def arg_clause(obj: Any, saved: dict[str, Any] | None) -> str:
+    """For a message about tensors that differ from a checkpoint: which constructor arguments differ from the saved
+    ones (``"; constructor argument(s) that differ: dim=8 here, 4 saved"``), or that none does (then the class's
+    code changed); "" if the saved arguments are unknown."""
+    if saved is None or info_for(obj) is None:
+        return ""
+    changes = arg_changes(obj, saved)
+    if changes:
+        return "; constructor argument(s) that differ: " + ", ".join(changes)
+    return "; its constructor arguments are the saved ones: the difference comes from its class's code, or from a change made after the constructor ran"

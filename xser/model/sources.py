@@ -15,8 +15,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..errors import DataError, Location, did_you_mean, shape_str
+from ..errors import DataError, Location, XserError, did_you_mean, shape_str
+from .serialize import saved_args
 from .tables import select
+from ..spec import parse
+from ..spec.saved import check_saved
+from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir, stop
 
 __all__ = ["Store"]
@@ -259,6 +263,29 @@ class _Source:
         if self.fresh or self.origin.stored_name is None:
             return None
         return self.origin.store.dir.subcollections.get(self.origin.stored_name, {}).get(name)
+
+    def described(self, name: str) -> tuple[tuple[int, ...], np.dtype] | None:
+        """Shape and dtype of one of this component's parameters as it will be read (after ``migrate_params``, if it
+        runs); None if it is not there."""
+        if self.fresh or self.origin.stored_name is None:
+            return None
+        if self.migration is not None:
+            fn, version, tag = self.migration
+            arr = self.origin.store.migrate(self.origin.stored_name, fn, version, tag, self.where).get(name)
+            return None if arr is None else (tuple(arr.shape), arr.dtype)
+        e = self.entry(name)
+        return None if e is None else (tuple(e.shape), e.dtype)
+
+    def saved_args(self) -> dict | None:
+        """The constructor arguments the checkpoint's own spec gives this component (for messages; None if unknown)."""
+        text = self.origin.store.dir.spec_text()
+        if text is None or self.origin.stored_name is None:
+            return None
+        try:
+            _, experiment = check_saved(parse(text, os.path.join(self.origin.store.dir.path, SPEC_FILE)))
+        except XserError:
+            return None
+        return saved_args(experiment, self.origin.stored_name)
 
     def file_of(self, name: str) -> str:
         """The path of the file holding a whole parameter in the checkpoint this component was loaded from."""

@@ -47,6 +47,8 @@ DTYPES: dict[str, DType] = {
         _t("bfloat16", "<u2", "BF16", "float32", True),
         _t("float8_e4m3fn", "|u1", "F8_E4M3", "float32", True),
         _t("float8_e5m2", "|u1", "F8_E5M2", "float32", True),
+        _t("float8_e4m3fnuz", "|u1", "F8_E4M3FNUZ", "float32", True),
+        _t("float8_e5m2fnuz", "|u1", "F8_E5M2FNUZ", "float32", True),
         _t("int8", "|i1", "I8", None),
         _t("int16", "<i2", "I16", None),
         _t("int32", "<i4", "I32", None),

@@ -41,7 +41,7 @@ __all__ = [
 MANIFEST = "manifest.json"
 SPEC_FILE = "spec.yaml"
 #: 2 added ``id``, ``model`` and ``spec`` (each checkpoint carries its own spec); 3 added the tags of
-#: extension dtypes (``"bfloat16"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``), stored as their bits.
+#: extension dtypes (``"bfloat16"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``, the ``fnuz`` float8s), stored as their bits.
 FORMAT_VERSION = 3
 STATE_DIR = "training_state"
 

@@ -7,10 +7,20 @@ persistent buffers of the module and of its plain submodules (``emb.weight``,
 optimizer scratch are never part of it. On load, the module is built by its own constructor and
 its tensors are then filled in place from disk (or, with ``mmap=True``, pointed at the mapped
 files), so parameter objects, and the ties between them, stay what the constructor made.
+
+Dtypes. A module's dtype often changes after its constructor ran (``.half()``, ``.to(torch.bfloat16)``,
+one submodule only): a floating-point or complex tensor that the constructor makes in one dtype
+and the checkpoint holds in another takes the saved dtype when loading (``load`` gives the model
+that was saved, bit for bit, as ``Module.to`` would have made it). Integer and bool tensors keep
+the dtype their constructor gives them (``Module.to`` never changes them): a different one on
+disk is a code change, refused. ``load_into`` fills an object the caller built, whose dtypes are
+the caller's choice: it copies with a cast, as ``load_state_dict`` does, and logs the tensors a
+cast can round (float32 on disk into a float16 module; widening casts are exact and silent).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import attrs
@@ -19,11 +29,44 @@ import torch
 
 from ..errors import DataError, Location, RegistryError, key_lists, shape_str
 from ..model.adapters import ADAPTERS, LOAD
+from ..model.names import _shape
 from ..model.params import PRESET_SOURCE, ParamDecl, Subcollection, params, subcollection_of
 from ..model.registry import info_for
+from ..model.serialize import arg_clause
+from ..storage.dtypes import DTYPES, find, resolve
 from .tensors import from_numpy, host_payload, numpy_dtype
 
-__all__ = ["TorchAdapter", "TorchSubcollection", "own_state"]
+__all__ = ["TorchAdapter", "TorchSubcollection", "exact_cast", "own_state"]
+
+_log = logging.getLogger("xser")
+
+#: the hint of a refused dtype difference
+_KEEPS = ("integer and bool tensors keep the dtype their constructor gives them (only floating-point and complex ones take "
+          "the saved dtype, as Module.to converts only those)")
+
+
+def _floating(dt: torch.dtype) -> bool:
+    return dt.is_floating_point or dt.is_complex
+
+
+def _saved_floating(dt: np.dtype) -> bool:
+    """A dtype on disk that a floating-point or complex tensor may take (floats and complex of the dtype table)."""
+    d = find(dt)
+    return d is not None and d.average is not None
+
+
+def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Every value of ``src`` is a value of ``dst``: a cast that never rounds (float16 -> float32, float8 -> bfloat16)."""
+    if src == dst:
+        return True
+    if not (_floating(src) and _floating(dst)) or (src.is_complex and not dst.is_complex):
+        return False
+    s, d = torch.finfo(src), torch.finfo(dst)  # of the parts, for complex dtypes
+    return d.eps <= s.eps and d.max >= s.max and d.tiny * d.eps <= s.tiny * s.eps  # precision, range, smallest subnormal
+
+
+def _tname(dt: Any) -> str:
+    return str(dt).removeprefix("torch.")
 
 
 def own_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -65,7 +108,21 @@ class TorchSubcollection(Subcollection):
         owner = self._owner
         if name in self._formats or name in owner._parameters or name in owner._buffers or name in owner._modules:
             raise RegistryError(f"{where} is declared twice")
-        arr = super().add(name, shape, init=init, dtype=dtype, trainable=trainable, format=format)
+        source, read = self._source, self._source is not None
+        if source is not None and isinstance(name, str):
+            found = source.described(name)
+            made = _torch_dtype_of(dtype)
+            if found is not None and made is not None and _floating(made) and _saved_floating(found[1]):
+                dtype, made = found[1], _torch_dtype_of(found[1])  # loading: a floating-point tensor takes the saved dtype
+            # absent or different on disk: made from its init now, and listed by load() with every other such tensor
+            read = source.rows_of(name) is not None or (found is not None and made is not None and found[0] == _shape(shape, where)
+                                                        and found[1] == numpy_dtype(made))
+        if not read:
+            self._source = None
+        try:
+            arr = super().add(name, shape, init=init, dtype=dtype, trainable=trainable, format=format)
+        finally:
+            self._source = source
         self._decls.pop(name)
         self._arrays.pop(name)
         t = from_numpy(arr)  # a fresh array (read, mapped or initialised): shared, not copied
@@ -75,7 +132,7 @@ class TorchSubcollection(Subcollection):
         else:
             self._owner.register_buffer(name, t)
         self._formats[name] = format
-        if self._source is not None:
+        if read and source is not None:
             self._filled.add(name)
         return t
 
@@ -105,7 +162,7 @@ class TorchSubcollection(Subcollection):
         return self._state()[name]
 
     def __setitem__(self, name: str, value: Any) -> None:
-        self.fill({name: value}, f"{self.name}")
+        self.fill({name: value}, f"{self.name}", cast=False)
 
     def __contains__(self, name: object) -> bool:
         return name in self._state()
@@ -128,27 +185,54 @@ class TorchSubcollection(Subcollection):
         return f"<Subcollection {self.name} {{{', '.join(parts)}}}>"
 
     # -- filling
-    def fill(self, arrays: dict[str, Any], where: str, *, mmap: bool = False) -> None:
-        """Copy arrays (or tensors) into the module's tensors in place, checking shape and dtype first."""
+    def mismatches(self, found: dict[str, tuple[tuple[int, ...], np.dtype]]) -> list[str]:
+        """What ``fill`` would refuse, for arrays of these shapes and dtypes: one line per tensor, sorted. Floating-point
+        and complex tensors take any floating-point or complex dtype (cast)."""
+        state = self._state()
+        out, dtype_only = [], False
+        for name in sorted(found):
+            t = state.get(name)
+            if t is None:
+                continue
+            shape, dtype = tuple(found[name][0]), np.dtype(found[name][1])
+            castable = _floating(t.dtype) and _saved_floating(dtype)
+            if shape != tuple(t.shape) or not (castable or dtype == numpy_dtype(t.dtype, f"{self.name}: param {name!r}: ")):
+                out.append(f"{name}: {shape_str(tuple(t.shape))} {_tname(t.dtype)} in the module, {shape_str(shape)} {_dtype_name(dtype)} on disk")
+                dtype_only = dtype_only or shape == tuple(t.shape)
+        return out + [_KEEPS] if dtype_only else out
+
+    def fill(self, arrays: dict[str, Any], where: str, *, mmap: bool = False, cast: bool = True) -> None:
+        """Copy arrays (or tensors) into the module's tensors in place, after checking every shape and dtype. With
+        ``cast`` (``load_into``), floating-point values are cast to the module's dtype as ``load_state_dict`` does;
+        casts that can round are logged. ``sub[name] = value`` needs the tensor's own dtype."""
         tables = {n: arrays.pop(n) for n in [n for n in arrays if "@" in n]}
         if tables:
             super().fill(tables, where)
         state = self._state()
-        for name, value in arrays.items():
-            t = state.get(name)
-            if t is None:
-                raise KeyError(f"{self.name} has no tensor {name!r} (has: {', '.join(state) or 'none'})")
-            src = value if isinstance(value, torch.Tensor) else from_numpy(np.asarray(value), copy=False)
-            if tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
-                raise DataError(
-                    f"param {name!r}: {shape_str(tuple(src.shape))} {str(src.dtype).removeprefix('torch.')} given, "
-                    f"the module holds {shape_str(tuple(t.shape))} {str(t.dtype).removeprefix('torch.')}",
-                    Location(where),
-                )
-            _put(t, src, mmap)
+        unknown = sorted(set(arrays) - set(state))
+        if unknown:
+            raise KeyError(f"{self.name} has no tensor {unknown[0]!r} (has: {', '.join(state) or 'none'})")
+        given = {n: v if isinstance(v, torch.Tensor) else from_numpy(np.asarray(v), copy=False) for n, v in arrays.items()}
+        bad = self.mismatches({n: (tuple(v.shape), numpy_dtype(v.dtype, f"param {n!r}: ")) for n, v in given.items()}) if cast else [
+            f"param {n!r}: {shape_str(tuple(v.shape))} {_tname(v.dtype)} given, the module holds {shape_str(tuple(state[n].shape))} "
+            f"{_tname(state[n].dtype)}" for n, v in sorted(given.items()) if v.shape != state[n].shape or v.dtype != state[n].dtype
+        ]
+        if bad:
+            raise DataError("; ".join(bad), Location(where))
+        rounded: dict[tuple[str, str], list[str]] = {}
+        for name, src in given.items():
+            t = state[name]
+            if not exact_cast(src.dtype, t.dtype):
+                rounded.setdefault((_tname(src.dtype), _tname(t.dtype)), []).append(name)
+            _put(t, src, mmap and src.dtype == t.dtype)
+        if rounded:
+            n = sum(len(v) for v in rounded.values())
+            groups = "; ".join(f"{', '.join(sorted(names))}: {a} on disk, {b} in the object" for (a, b), names in sorted(rounded.items()))
+            _log.warning("%s: load_into rounded %d tensor(s) to the object's dtypes (as load_state_dict does): %s", where, n, groups)
 
     def load(self) -> None:
-        """Fill every tensor of the state from the loaded component's source (missing keys listed together)."""
+        """Fill every tensor of the state from the loaded component's source: every key, shape and dtype is checked
+        before anything is read (missing keys listed together, then every tensor that differs)."""
         source = self._source
         state = self._state()
         on_disk = set(source.names())
@@ -159,21 +243,48 @@ class TorchSubcollection(Subcollection):
         if missing:
             text = key_lists(missing, on_disk - set(state) - self._filled, " in state_dict")
             raise DataError(text + source.needed_by(), source.location())
-        mapped = _mapped()
+        found = {}
         for name, t in state.items():
-            if name in self._filled:
-                continue
-            arr = source.fetch(self.name, name, tuple(t.shape), numpy_dtype(t.dtype, f"{self.name}: param {name!r}: "))
-            src = from_numpy(arr, copy=False)
-            _put(t, src, mapped)
+            if name not in self._filled:
+                shape, dtype = source.described(name) or (tuple(t.shape), numpy_dtype(t.dtype, f"{self.name}: param {name!r}: "))
+                found[name] = (tuple(t.shape) if source.rows_of(name) is not None else shape, dtype)  # rows=: checked by the read
+        bad = self.mismatches(found)
+        if bad:
+            count = len(bad) - (bad[-1] == _KEEPS)
+            text = f"{count} tensor(s) of the module differ from the checkpoint: " + "; ".join(bad)
+            raise DataError(text + arg_clause(self._owner, source.saved_args()) + source.needed_by(), source.location())
+        mapped = _mapped()
+        for name, (_, dtype) in found.items():  # floating-point tensors take the saved dtype (.half() after the constructor)
+            t = state[name]
+            src = from_numpy(source.fetch(self.name, name, tuple(t.shape), dtype), copy=False)
+            _put(t, src, mapped or src.dtype != t.dtype)
         self._filled.update(state)
 
 
-def _put(t: torch.Tensor, src: torch.Tensor, mapped: bool) -> None:
-    """Values into a module's tensor, keeping the tensor object: pointed at a mapped file, or copied."""
+def _torch_dtype_of(dtype: Any) -> torch.dtype | None:
+    """The torch dtype a declaration's ``dtype`` means (None if it has none)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype if _tname(dtype) in DTYPES else None
+    try:
+        d = find(np.dtype(resolve(dtype)))
+    except (TypeError, ImportError):
+        return None
+    return getattr(torch, d.torch) if d is not None else None
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    d = find(dt)
+    return d.tag if d is not None else str(dt)
+
+
+def _put(t: torch.Tensor, src: torch.Tensor, rebind: bool) -> None:
+    """Values into a module's tensor, keeping the tensor object: its data replaced by ``src`` (a mapped file, or another
+    dtype: the saved one), or copied into it (cast to its dtype)."""
     with torch.no_grad():
-        if mapped and t.device.type == "cpu":
+        if rebind and t.device.type == "cpu":
             t.data = src
+        elif rebind and src.dtype != t.dtype:
+            t.data = src.to(t.device)
         else:
             t.copy_(src)
 

@@ -46,7 +46,8 @@ def state_dict(path: str | os.PathLike, checkpoint: int | None = None, *, mmap: 
 def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint: int | None = None, *, strict: bool = True) -> None:
     """Load a saved model's flat state dict into any ``nn.Module`` by key (as ``module.load_state_dict`` does).
 
-    Missing and unexpected keys are listed sorted in one ``DataError``; a shape that differs names the key.
+    Missing and unexpected keys are listed sorted in one ``DataError``, then every key whose shape differs; tensors are
+    copied with a cast to the module's dtypes, as ``load_state_dict`` does.
     """
     path = os.fspath(path)
     view = state_dict(path, checkpoint)
@@ -55,10 +56,8 @@ def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint
     missing, unexpected = sorted(set(own) - set(view)), sorted(set(view) - set(own))
     if missing or (strict and unexpected):
         raise DataError(f"loading into {type(module).__name__}: " + key_lists(missing, unexpected if strict else [], " in state_dict"), where)
-    for key in sorted(set(own) & set(view)):
-        if tuple(own[key].shape) != tuple(view[key].shape):
-            raise DataError(
-                f"loading into {type(module).__name__}: {key!r} is {list(view[key].shape)} on disk, "
-                f"{list(own[key].shape)} in the module", where,
-            )
+    shapes = [f"{key!r} is {list(view[key].shape)} on disk, {list(own[key].shape)} in the module"
+              for key in sorted(set(own) & set(view)) if tuple(own[key].shape) != tuple(view[key].shape)]
+    if shapes:
+        raise DataError(f"loading into {type(module).__name__}: {len(shapes)} tensor(s) differ in shape: " + "; ".join(shapes), where)
     module.load_state_dict({k: v for k, v in view.items() if k in own}, strict=False)
