@@ -107,10 +107,10 @@ class TestUsage:
          "--weights gives 2 weights for the 1 checkpoint of --best 1"),
         (["avg", "m.yaml", "--out", "o.yaml", "--checkpoints", "0,2", "--weights", "1"], "xser avg",
          "--weights gives 1 weight for the 2 checkpoints of --checkpoints 0,2"),
-        (["inspect", "m.yaml", "--json", "--checkpoint", "2"], "xser inspect",
-         "--checkpoint shows one checkpoint; --json and --plot cover all of them"),
+        (["inspect", "m.yaml", "--plot", "p.png", "--checkpoint", "2"], "xser inspect",
+         "--checkpoint does not change --plot, which draws every checkpoint"),
         (["inspect", "m.yaml", "--plot", "p.png", "--checkpoint", "last"], "xser inspect",
-         "--checkpoint shows one checkpoint; --json and --plot cover all of them"),
+         "--checkpoint does not change --plot, which draws every checkpoint"),
         (["export", "recis", "m.yaml", "out", "--shards", "0"], "xser export recis",
          "argument --shards: expected a whole number >= 1, got '0'"),
         (["export", "recis", "m.yaml", "out", "--parallel", "-1"], "xser export recis",
@@ -357,3 +357,19 @@ def test_help_shows_the_description(capsys):
     out = capsys.readouterr().out
     assert info.value.code == 0
     assert out.split("\n\n")[1] == "the model as a RecIS checkpoint directory (hash tables and dense tensors)"
+
+
+@pytest.mark.parametrize("argv", [["inspect", "{m}"], ["inspect", "{m}", "--json"]])
+def test_output_into_a_closed_pipe(tmp_path, argv):
+    """Output piped into a reader that is gone (`| head`): exit 0, nothing on stderr (no 'error: Broken pipe')."""
+    import os
+
+    m = str(tmp_path / "m.yaml")
+    xser.save(Linear(2, 3), m)
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "xser", *[a.format(m=m) for a in argv]], stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (0, "")

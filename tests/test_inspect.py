@@ -125,3 +125,171 @@ def test_an_unnamed_experiment_is_shown_as_such(tmp_path):
     lines = lines_of(path)
     assert lines[1] == "  experiment: (no name)"
     assert not any("None" in line for line in lines)
+
+
+def _files_of(data_dir, sub, param):
+    """The files on disk that hold one parameter (one file, or one per block)."""
+    d = Path(data_dir) / sub
+    return sorted(p for p in d.iterdir() if p.name == param or p.name.startswith((param + ".", param + "@")))
+
+
+class TestJson:
+    @pytest.fixture
+    def model(self, tmp_path):
+        from components import Leaf, Norm
+
+        leaf = Leaf({"h": ["<f2", [4]], "n": ["<i8", []], "m": ["|b1", [2, 3]], "big": ["<f4", [6, 2]]})
+        m = Model(encoder=Linear(2, 3), decoder=Model(encoder=leaf, decoder=Norm(5)))
+        path = tmp_path / "m.yaml"
+        lsub = xser.params(leaf).name
+        xser.save(m, path, name="exp", formats={f"{lsub}/h": "dense-text"}, blocks={f"{lsub}/big": 2}, training={"step": 3})
+        return m, path
+
+    def test_subcollections_and_params(self, model, capsys):
+        """--json: each subcollection (where the spec uses it) with its params' name, shape, dtype, format,
+        bytes on disk (what the files weigh), trainable and blocks; the components; totals."""
+        import json
+
+        from xser.cli import main
+
+        m, path = model
+        assert main(["inspect", str(path), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        enc, leaf, norm = (xser.params(c).name for c in (m.encoder, m.decoder.encoder, m.decoder.decoder))
+        assert report["model"] == str(path) and report["experiment"] == "exp"
+        assert report["checkpoint"]["directory"] == "m.yaml.data" and len(report["checkpoint"]["id"]) == 32
+        assert report["components"] == [
+            {"path": "", "tag": "!TModel", "subcollection": None},
+            {"path": "encoder", "tag": "!TLinear", "subcollection": enc},
+            {"path": "decoder", "tag": "!TModel", "subcollection": None},
+            {"path": "decoder.encoder", "tag": "!TLeaf", "subcollection": leaf},
+            {"path": "decoder.decoder", "tag": "!TNorm", "subcollection": norm},
+        ]
+        subs = {s["name"]: s for s in report["subcollections"]}
+        assert sorted(subs) == sorted([enc, leaf, norm])
+        assert (subs[enc]["component"], subs[leaf]["component"], subs[norm]["component"]) == ("encoder", "decoder.encoder", "decoder.decoder")
+        got = {(s["name"], p["name"]): p for s in report["subcollections"] for p in s["params"]}
+        want = {
+            (enc, "W"): ([3, 2], "float32", "npy", True, 1), (enc, "b"): ([3], "float32", "npy", True, 1),
+            (leaf, "h"): ([4], "float16", "dense-text", True, 1), (leaf, "n"): ([], "int64", "npy", True, 1),
+            (leaf, "m"): ([2, 3], "bool", "npy", True, 1), (leaf, "big"): ([6, 2], "float32", "npy", True, 3),
+            (norm, "running_mean"): ([5], "float32", "npy", False, 1), (norm, "count"): ([], "int64", "npy", False, 1),
+        }
+        assert {k: (p["shape"], p["dtype"], p["format"], p["trainable"], p["blocks"]) for k, p in got.items()} == want
+        data = f"{path}.data"
+        for (sub, name), p in got.items():
+            files = _files_of(data, sub, name)
+            assert len(files) == p["blocks"] and p["bytes"] == sum(f.stat().st_size for f in files), (sub, name)
+            assert p["stored_with"] is None
+        assert report["bytes_on_disk"] == sum(p["bytes"] for p in got.values())
+        assert report["training"] == {"step": 3}
+        # the checkpoint list of --json is still there
+        assert [c["directory"] for c in report["checkpoints"]] == ["m.yaml.data"]
+
+    def test_json_of_an_older_checkpoint(self, tmp_path, capsys):
+        """--checkpoint K with --json describes checkpoint K's contents (the list still covers all)."""
+        import json
+
+        from xser.cli import main
+
+        path = tmp_path / "m.yaml"
+        lin = Linear(2, 3)
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            for step in (1, 2):
+                saver.save(lin, step=step)
+        assert main(["inspect", str(path), "--json", "--checkpoint", "1"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["checkpoint"]["directory"] == "m.yaml.data.1" and report["checkpoint"]["step"] == 1
+        assert len(report["checkpoints"]) == 2
+
+    def test_strict_json(self, tmp_path, capsys):
+        """Non-finite metrics are null: the output is JSON that strict parsers (jq, JavaScript) read."""
+        import json
+
+        from xser.cli import main
+
+        path = tmp_path / "m.yaml"
+        with xser.CheckpointSaver(path, keep=3) as saver:
+            saver.save(Linear(2, 3), step=1, metrics={"dev": float("nan"), "loss": float("inf"), "acc": 0.5})
+        assert main(["inspect", str(path), "--json"]) == 0
+
+        def refuse(name):
+            raise ValueError(name)
+
+        report = json.loads(capsys.readouterr().out, parse_constant=refuse)
+        assert report["checkpoints"][0]["metrics"] == {"dev": None, "loss": None, "acc": 0.5}
+
+    def test_packed_and_tied_params(self, tmp_path):
+        """Params in one safetensors file name it ("file") with their own bytes; a tied one names the param it is
+        stored with; the total counts each file once, as the listing does."""
+        import os
+        import sys
+
+        pytest.importorskip("torch")
+        from xser.tools.inspect import open_model
+
+        sys.path.insert(0, os.path.dirname(__file__))
+        from test_torch import model
+
+        m = model()
+        path = str(tmp_path / "m.yaml")
+        xser.save(m, path, formats={"*": "safetensors"}, durable=False)
+        enc, dec = xser.params(m.encoder).name, xser.params(m.decoder).name
+        view = open_model(path)
+        try:
+            report = view.as_json()
+        finally:
+            view.data.close()
+        params = {(s["name"], p["name"]): p for s in report["subcollections"] for p in s["params"]}
+        out = params[(dec, "out.weight")]
+        assert (out["shape"], out["format"], out["bytes"], out["file"]) == ([11, 4], "safetensors", 176, "params.safetensors")
+        assert out["stored_with"] == f"{enc}/emb.weight"
+        assert report["bytes_on_disk"] == sum(os.path.getsize(f"{path}.data/{s}/params.safetensors") for s in (enc, dec))
+
+
+class TestDirectory:
+    """`xser inspect DIR`: a directory holding saved models, or a checkpoint directory, names the model file."""
+
+    def test_directory_holding_models(self, tmp_path, capsys):
+        from xser.cli import main
+
+        xser.save(Linear(2, 3), tmp_path / "a.yaml")
+        assert main(["inspect", str(tmp_path)]) == 1
+        assert capsys.readouterr().err == (f"error: {tmp_path}: a directory that holds a saved model, not a model; "
+                                           f"inspect its model file: xser inspect {tmp_path / 'a.yaml'}\n")
+        xser.save(Linear(2, 3), tmp_path / "b.model")
+        assert main(["inspect", str(tmp_path)]) == 1
+        assert capsys.readouterr().err == (f"error: {tmp_path}: a directory that holds saved models, not a model; "
+                                           f"inspect one of its model files: {tmp_path / 'a.yaml'}, {tmp_path / 'b.model'}\n")
+
+    @pytest.mark.parametrize("slot, flag", [(".data", ""), (".data.2", " --checkpoint 2")])
+    def test_checkpoint_directory(self, tmp_path, capsys, slot, flag):
+        from helpers import save_steps
+        from xser.cli import main
+
+        save_steps(str(tmp_path / "m.yaml"), Linear(2, 3), [1, 2, 3])
+        assert main(["inspect", str(tmp_path / f"m.yaml{slot}")]) == 1
+        assert capsys.readouterr().err == (f"error: {tmp_path / f'm.yaml{slot}'}: a checkpoint directory of the model "
+                                           f"{tmp_path / 'm.yaml'}; inspect it with: xser inspect {tmp_path / 'm.yaml'}{flag}\n")
+
+    def test_other_directories_keep_their_message(self, tmp_path, capsys):
+        """An empty directory, or one with only a spec file: the reader's message, nothing suggested."""
+        from xser.cli import main
+
+        (tmp_path / "x.yaml").write_text("a: 1\n")
+        assert main(["inspect", str(tmp_path)]) == 1
+        assert "not a model directory: neither model.safetensors.index.json nor model.safetensors" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("option", [["--json"], ["--plot", "p.png"], ["--verify"], ["--checkpoint", "1"]])
+    def test_options_for_xser_models_only(self, tmp_path, capsys, option):
+        """--json, --plot, --verify and --checkpoint on a safetensors file: an error, never silently ignored."""
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        from xser.cli import main
+
+        save_file({"w": np.zeros((2, 2), np.float32)}, str(tmp_path / "m.safetensors"))
+        assert main(["inspect", str(tmp_path / "m.safetensors"), *option]) == 1
+        assert capsys.readouterr().err == (f"error: {tmp_path / 'm.safetensors'}: {option[0]} reads saved xser models "
+                                           "(MODEL.yaml); this is a safetensors model, whose tensors inspect lists without it\n")
+        assert main(["inspect", str(tmp_path / "m.safetensors")]) == 0

@@ -34,25 +34,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .tools.inspect import open_model, tensor_lines, verify_model
+    from .errors import CheckpointError, Location
+    from .tools.inspect import foreign_kind, json_text, not_a_model_directory, open_model, tensor_lines, verify_model
 
-    if os.path.isdir(args.model) or args.model.endswith(".safetensors"):  # not an xser model: its tensors, by name
+    not_a_model_directory(args.model)  # a directory of models, or a checkpoint directory: names the model file
+    kind = foreign_kind(args.model)
+    if kind is not None:  # not an xser model: its tensors, by name
+        for given, opt in ((args.json, "--json"), (args.plot, "--plot"), (args.verify, "--verify"), (args.checkpoint is not None, "--checkpoint")):
+            if given:
+                raise CheckpointError(f"{opt} reads saved xser models (MODEL.yaml); this is a {kind} model, whose tensors "
+                                      "inspect lists without it", Location(args.model))
         print("\n".join(tensor_lines(args.model)))
         return 0
+    checkpoint = 0 if args.checkpoint is None else args.checkpoint
     if args.json or args.plot:
-        import json
-
         from .tools.trajectory import plot, trajectory
 
         report = trajectory(args.model, verify=args.verify)
         if args.plot:
             plot(report, args.plot)
         if args.json:
-            print(json.dumps(report, indent=2))
+            view = open_model(args.model, checkpoint)
+            try:
+                contents = view.as_json()
+            finally:
+                view.data.close()
+            print(json_text({**contents, **report, "model": args.model}))
             return 0
         print(f"wrote {args.plot}: metrics over steps and each checkpoint's relative L2 distance to the newest")
         return 0
-    view = open_model(args.model, 0 if args.checkpoint is None else args.checkpoint)
+    view = open_model(args.model, checkpoint)
     try:
         print("\n".join(view.lines()))
     finally:
@@ -368,6 +379,10 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into head & co. (before OSError, of which it is one)
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), sys.stdout.fileno())  # the interpreter's last flush at exit then goes nowhere
+        return 0
     except OSError as e:  # a path the command was given cannot be made or written (a file in the way, /proc, ...)
         if args.debug:
             raise
@@ -377,9 +392,6 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into head & co.
-        sys.stderr.close()
-        return 0
 
 
 def main_exit() -> None:

@@ -114,6 +114,6 @@ def _avg_usage(args: argparse.Namespace) -> str | None:
 
 
 def _inspect_usage(args: argparse.Namespace) -> str | None:
-    if args.checkpoint is not None and (args.json or args.plot):
-        return "--checkpoint shows one checkpoint; --json and --plot cover all of them"
+    if args.checkpoint is not None and args.plot and not args.json:
+        return "--checkpoint does not change --plot, which draws every checkpoint"
     return None

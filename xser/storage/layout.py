@@ -24,8 +24,10 @@ __all__ = [
     "TMP_MARK",
     "data_dir_of",
     "leftovers",
+    "models_in",
     "siblings",
     "slot_names",
+    "slot_of",
     "temp_name",
 ]
 
@@ -72,3 +74,32 @@ def leftovers(spec_path: str | os.PathLike) -> list[str]:
     parent, base, names = siblings(spec_path)
     prefixes = (base + TMP_MARK, base + ".data" + TMP_MARK, base + ".data" + OLD_MARK)
     return sorted(os.path.join(parent, n) for n in names if n.startswith(prefixes))
+
+
+_SLOT = re.compile(r"(.+)\.data(?:\.(0|[1-9][0-9]*))?")
+
+
+def slot_of(path: str | os.PathLike) -> tuple[str, int] | None:
+    """``(spec path, slot)`` when ``path`` is a checkpoint slot ``<model>.data[.N]`` (its spec file beside it, or a
+    manifest inside), else None."""
+    path = os.path.normpath(os.fspath(path))
+    m = _SLOT.fullmatch(os.path.basename(path))
+    if m is None:
+        return None
+    spec = os.path.join(os.path.dirname(path), m.group(1))
+    if not (os.path.isfile(spec) or os.path.isfile(os.path.join(path, "manifest.json"))):
+        return None
+    return spec, int(m.group(2) or 0)
+
+
+def models_in(directory: str | os.PathLike) -> list[str]:
+    """The saved models in ``directory``: each file ``<name>`` with a ``<name>.data`` directory beside it, by name."""
+    directory = os.fspath(directory)
+    try:
+        names = set(os.listdir(directory))
+    except OSError:
+        return []
+    return sorted(
+        os.path.join(directory, n) for n in names
+        if n + ".data" in names and os.path.isfile(os.path.join(directory, n)) and os.path.isdir(os.path.join(directory, n + ".data"))
+    )

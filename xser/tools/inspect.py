@@ -13,13 +13,15 @@ from typing import Any
 import numpy as np
 
 from ..api import retrying
-from ..errors import DataError, Location
+from ..errors import CheckpointError, DataError, Location
 from ..spec import Tagged, children, format_path
+from ..storage.dtypes import find
 from ..spec.saved import SavedModel, open_saved, top_level_state, with_spec
-from ..storage.listing import Checkpoint, scan
+from ..storage.layout import models_in, slot_of
+from ..storage.listing import Checkpoint, checkpoints, scan
 from .convert import spec_subcols
 
-__all__ = ["ModelView", "open_model", "verify_model"]
+__all__ = ["ModelView", "foreign_kind", "json_text", "not_a_model_directory", "open_model", "verify_model"]
 
 _TOP = {
     "in step": "the top-level spec file equals this checkpoint's spec",
@@ -68,6 +70,62 @@ class ModelView:
             if t.tag != "!Ref" and isinstance(t.args.get("xser_subcol_name"), str)
         }
 
+    def bytes_on_disk(self) -> int:
+        """What the checkpoint's parameter files weigh, each file once (tied parameters, safetensors files)."""
+        subs = self.data.subcollections
+        return sum(b.bytes for b in _files(e for p in subs.values() for e in p.values()).values())
+
+    def params(self) -> list[tuple[str, str | None, list[tuple[Any, dict[str, Any]]]]]:
+        """Per subcollection: (name, the component path that uses it or None, [(entry, record)]); a record is
+        ``{name, shape, dtype, format, bytes, trainable, blocks, file, stored_with, links}`` (see ``as_json``)."""
+        owners = self.spec_subcols
+        first_of: dict = {}  # a parameter's blocks -> the first parameter stored in them (tied weights)
+        out = []
+        for sub, params in self.data.subcollections.items():
+            records = []
+            for pname, e in params.items():
+                packed = e.blocks[0].key is not None  # one tensor of a file that holds several
+                formats = sorted({b.format for b in e.blocks})
+                same = first_of.setdefault(e.blocks, f"{sub}/{pname}")
+                records.append((e, {
+                    "name": pname,
+                    "shape": list(e.shape),
+                    "dtype": _dtype_name(e.dtype),
+                    "format": formats[0] if len(formats) == 1 else formats,
+                    "bytes": e.nbytes if packed else sum(b.bytes for b in e.blocks),
+                    "trainable": bool(e.trainable),
+                    "blocks": len(e.blocks),
+                    "file": e.blocks[0].file.rpartition("/")[2] if packed else None,
+                    "stored_with": None if same == f"{sub}/{pname}" else same,
+                    "links": self.links(e.blocks[0].file),
+                }))
+            out.append((sub, owners.get(sub), records))
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        """This checkpoint's contents as JSON data (the schema is in the README, "xser inspect --json")."""
+        meta = self.data.meta
+        name = self.tree.get("name") if isinstance(self.tree, dict) else None
+        return {
+            "model": self.path,
+            "experiment": name if isinstance(name, str) else None,
+            "checkpoint": {"directory": os.path.basename(self.data.path), "id": meta.get("id"), "step": meta.get("step"),
+                           "created": meta.get("created"), "xser_version": meta.get("xser_version"),
+                           "format_version": meta.get("format_version")},
+            "spec": {"file": self.spec_file, "top_level": self.top},
+            "training": meta.get("training") or {},
+            "custom": meta.get("custom") or {},
+            "components": [
+                {"path": path, "tag": t.tag, "subcollection": t.args.get("xser_subcol_name") if t.tag != "!Ref" else None}
+                | ({"ref": t.args.get("name") or t.args.get("path")} if t.tag == "!Ref" else {})
+                for path, t in self.components
+            ],
+            "subcollections": [
+                {"name": sub, "component": where, "params": [r for _, r in records]} for sub, where, records in self.params()
+            ],
+            "bytes_on_disk": self.bytes_on_disk(),
+        }
+
     def lines(self) -> list[str]:
         meta = self.data.meta
         name = self.tree.get("name") if isinstance(self.tree, dict) else None
@@ -102,37 +160,30 @@ class ModelView:
             out.append(f"{pad}{path or '(root)'}: {t.tag} {' '.join(extra)}".rstrip())
         subs = self.data.subcollections
         n_params = sum(len(p) for p in subs.values())
-        n_bytes = sum(b.bytes for b in _files(e for p in subs.values() for e in p.values()).values())
         out.append("")
-        out.append(f"subcollections: {len(subs)}, {n_params} params, {n_bytes:,} bytes on disk")
-        owners = self.spec_subcols
-        first_of: dict = {}  # a parameter's blocks -> the first parameter stored in them (tied weights)
-        for sub, params in subs.items():
-            where = owners.get(sub)
+        out.append(f"subcollections: {len(subs)}, {n_params} params, {self.bytes_on_disk():,} bytes on disk")
+        for sub, where, params in self.params():
             out.append(f"  {sub}  ({'not used by the spec' if where is None else 'at ' + (where or 'the root')})")
-            width = max((len(n) for n in params), default=0)
-            for pname, e in params.items():
+            width = max((len(r["name"]) for _, r in params), default=0)
+            for e, r in params:
+                flag = "" if r["trainable"] else "  (not trainable)"
+                if r["blocks"] > 1:
+                    flag += f"  ({r['blocks']} blocks)"
+                if r["file"] is not None:
+                    flag += f"  (in {r['file']})"
+                if r["stored_with"] is not None:
+                    flag += f"  (stored once with {r['stored_with']})"
+                if r["links"] > 1:
+                    flag += f"  ({r['links']} links: shared with other checkpoints or models)"
                 shape = repr(tuple(e.shape))
-                flag = "" if e.trainable else "  (not trainable)"
-                if len(e.blocks) > 1:
-                    flag += f"  ({len(e.blocks)} blocks)"
-                size = sum(b.bytes for b in e.blocks) if e.blocks[0].key is None else e.nbytes
-                if e.blocks[0].key is not None:
-                    flag += f"  (in {e.blocks[0].file.rpartition('/')[2]})"
-                same = first_of.setdefault(e.blocks, f"{sub}/{pname}")
-                if same != f"{sub}/{pname}":
-                    flag += f"  (stored once with {same})"
-                links = self.links(e.blocks[0].file)
-                if links > 1:
-                    flag += f"  ({links} links: shared with other checkpoints or models)"
-                out.append(f"    {pname:<{width}}  {shape:<14} {str(e.dtype):<8} {size:>12,} B{flag}")
+                out.append(f"    {r['name']:<{width}}  {shape:<14} {str(e.dtype):<8} {r['bytes']:>12,} B{flag}")
         if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
             out.append("")
             out.extend(checkpoint_table(self.checkpoints))
         if self.others:
             out.append("")
             out.extend(self.others)
-        missing = sorted(set(owners) - set(subs))
+        missing = sorted(set(self.spec_subcols) - set(subs))
         if missing:
             out.append("")
             out.append(f"warning: named in the spec but missing on disk: {', '.join(missing)}")
@@ -155,6 +206,12 @@ def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None) -> list
             out.append(f"  {n:<{width}}  {shape!r:<16} {tag:<10} {size:>14,} B")
         out.append(f"  total {total:,} B")
     return out
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The dtype's name in xser's table (float32, bfloat16, ...), else numpy's description (records)."""
+    d = find(dtype)
+    return d.tag if d is not None else np.dtype(dtype).str
 
 
 def _files(entries: Any) -> dict:
@@ -237,3 +294,53 @@ def verify_model(path: str | os.PathLike) -> list[str]:
         return lines
 
     return retrying(path, once)
+
+
+def foreign_kind(path: str) -> str | None:
+    """What ``xser inspect`` reads ``path`` as when it is no xser model file: "RecIS", "safetensors" (a file or a
+    Hugging Face directory), or None (an xser model's spec file)."""
+    if os.path.isdir(path):
+        return "RecIS" if os.path.isfile(os.path.join(path, "index")) else "safetensors"
+    return "safetensors" if path.endswith(".safetensors") else None
+
+
+def not_a_model_directory(path: str) -> None:
+    """A directory that holds saved xser models, or is one's checkpoint directory: a ``CheckpointError`` naming the
+    model file to give instead. Other directories (safetensors, RecIS, anything else) pass."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "index")) or any(
+        os.path.isfile(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")
+    ):
+        return
+    slot = slot_of(path)
+    if slot is not None:
+        spec = slot[0]
+        try:
+            index = next((c.index for c in checkpoints(spec) if os.path.samefile(c.path, path)), None)
+        except (OSError, DataError, CheckpointError):
+            index = None
+        flag = f" --checkpoint {index}" if index else ""
+        raise CheckpointError(f"a checkpoint directory of the model {spec}; inspect it with: xser inspect {spec}{flag}",
+                              Location(path))
+    models = models_in(path)
+    if len(models) == 1:
+        raise CheckpointError(f"a directory that holds a saved model, not a model; inspect its model file: "
+                              f"xser inspect {models[0]}", Location(path))
+    if models:
+        raise CheckpointError(f"a directory that holds saved models, not a model; inspect one of its model files: "
+                              f"{', '.join(models)}", Location(path))
+
+
+def json_text(report: Any) -> str:
+    """``report`` as strict JSON (indented): non-finite numbers (a NaN metric) become null."""
+    import json
+
+    def strict(v: Any) -> Any:
+        if isinstance(v, float) and not np.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: strict(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [strict(x) for x in v]
+        return v
+
+    return json.dumps(strict(report), indent=2, allow_nan=False)
