@@ -65,15 +65,16 @@ class TestSpecSource:
         assert f"  spec: {path}.data/spec.yaml" in lines
         assert "  top-level spec: in step: the top-level spec file equals this checkpoint's spec" in lines
 
-    def test_hand_edit_is_reported_and_not_used(self, tmp_path):
-        """An edited top-level file is out of step: the view (and load) use the checkpoint's spec."""
+    def test_hand_edit_is_reported_and_used(self, tmp_path):
+        """An edited top-level file is reported as edited: the view and load use it (tests/test_edited_spec.py)."""
         path = tmp_path / "m.yaml"
         xser.save(Model(encoder=1), path)
         path.write_text(path.read_text().replace("encoder: 1", "encoder: 2"))
-        assert any(l.startswith("  top-level spec: out of step:") for l in lines_of(path))
-        assert xser.load(path).encoder == 1
-        xser.save(xser.load(path), path)  # the next save brings the file in step again
-        assert "encoder: 1" in path.read_text()
+        assert any(l.startswith("  top-level spec: edited:") for l in lines_of(path))
+        assert xser.load(path).encoder == 2
+        xser.save(xser.load(path), path)  # the next save stores the edit in its checkpoint
+        assert "encoder: 2" in Path(f"{path}.data/spec.yaml").read_text()
+        assert any(l.startswith("  top-level spec: in step:") for l in lines_of(path))
 
     def test_missing_top_level_file(self, tmp_path):
         """Without the top-level file (a kill before it was written) the model still loads and says so."""

@@ -54,7 +54,8 @@ def retrying(path: str, fn: Callable[[], T]) -> T:
 def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) -> ExperimentSet:
     """The experiments of a config file, ``{name: spec}`` in file order (unbuilt).
 
-    A saved model's file gives its one experiment, with the spec its newest checkpoint was saved with.
+    A saved model's file gives its one experiment, with the spec its newest checkpoint was saved with, or the
+    file itself when it was edited by hand since (see ``load``).
     ``overrides`` (``["small.model.hidden.out_dim=64", "+small.tag=x", "~small.dropout"]``, as Hydra users
     write them; ``xser.split_overrides(sys.argv[1:])`` takes them off a script's command line) change
     the experiments before they are built; their values are YAML, checked like values from the file,
@@ -68,7 +69,7 @@ def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) 
         tree = {name: saved.experiment}
         if overrides:
             apply_overrides(tree, saved.doc, overrides)
-        return ExperimentSet(path, {name: ExperimentSpec(saved.name, tree[name], saved.doc, path, saved.data)})
+        return ExperimentSet(path, {name: ExperimentSpec(saved.name, tree[name], saved.doc, path, saved.data, saved.sealed)})
     if doc.tree is None:
         return {}
     if not isinstance(doc.tree, dict):
@@ -157,8 +158,10 @@ def load(
     ``mmap=True`` maps arrays copy-on-write (lazy, fast open). ``strict=False``
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
-    every file's checksum. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``)
-    with the spec it was saved with; ``checkpoint="last"`` is the newest, ``checkpoint="best",
+    every file's checksum. The spec is the one the checkpoint was saved with, unless the file at ``path`` was
+    edited by hand since (it equals no checkpoint's spec): then that file is built, checked against the
+    checkpoint's data (a mismatch is a ``SpecError`` at the edit), with one warning (logger ``xser``) naming
+    both files and the first line that differs. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``); ``checkpoint="last"`` is the newest, ``checkpoint="best",
     metric="dev_bleu", mode="max"`` the one with the best recorded metric (the ranking ``KeepBest`` uses:
     missing or NaN values never count, ties go to the newer).
     ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
@@ -175,7 +178,7 @@ def load(
 
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
-            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data)
+            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
             return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
 
     return retrying(path, once)
@@ -207,7 +210,11 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
                 key = "" if where == "the root" else where
                 disk = stored.get(key)
                 if disk is None or disk not in data.subcollections:
-                    raise DataError(f"the saved model has no parameters for the component at {where} ({name})", Location(path))
+                    text = f"the saved model has no parameters for the component at {where} ({name})"
+                    if saved.sealed is not None:
+                        raise SpecError(f"{text}; {path} was edited since checkpoint {data.path} was saved and no longer matches "
+                                        f"its data: undo the edit (the spec saved with the data is {saved.sealed})", Location(path))
+                    raise DataError(text, Location(path))
                 entries = data.subcollections[disk]
                 have = set(sub.names())
                 absent, unexpected = sorted(have - set(entries)), sorted(set(entries) - have)
@@ -331,7 +338,7 @@ def resume(
     def once() -> Resumed:
         with open_saved(path, checkpoint) as saved:
             data = saved.data
-            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, data)
+            spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, data, saved.sealed)
             model = build_spec(spec, mmap=mmap, verify=verify, device=device)
             state = _state_of(data, mmap) if data.manifest.state is not None else None
             record = checkpoint_record(data)

@@ -12,13 +12,15 @@ import logging
 import os
 import shutil
 
-from ..errors import CheckpointError, DataError, Location
-from ..storage.commit import publish, remove_leftovers, remove_tree, write_text_atomic
+from ..errors import CheckpointError, DataError, Location, SpecError
+from ..spec import read_text
+from ..spec.saved import HandEdit, edit_lost
+from ..storage.commit import keep_aside, publish, remove_file, remove_leftovers, remove_tree, write_text_atomic
 from ..storage.fsutil import fsync_dir, open_regular
-from ..storage.layout import DAMAGED_MARK, data_dir_of, temp_name
+from ..storage.layout import DAMAGED_MARK, EDITED_MARK, data_dir_of, temp_name
 from ..storage.listing import Scan
 
-__all__ = ["publish_new_model", "recover", "replace_newest", "rotate", "sync_spec"]
+__all__ = ["clear_spec", "publish_new_model", "recover", "replace_newest", "rotate", "sync_spec"]
 
 _log = logging.getLogger("xser")
 
@@ -104,6 +106,22 @@ def publish_new_model(spec_path: str, new_dirs: list[str], old_dirs: list[str], 
     if durable and len(new_dirs) > 1:
         fsync_dir(os.path.dirname(os.path.abspath(spec_path)))
     _remove_swapped(old)
+
+
+def clear_spec(spec_path: str, text: str, edit: HandEdit | None, durable: bool) -> str | None:
+    """Before publishing a checkpoint whose spec is ``text``: take away a top-level file that would be out of step
+    with it, so that a kill before ``sync_spec`` leaves no file (readers then use the checkpoint's own spec), never
+    an old spec that a reader would take for a hand edit. A hand edit (``edit``) that ``text`` would lose is kept
+    aside as ``<model>.yaml.edited`` (its name is returned); any other differing file is removed."""
+    if edit is not None and edit_lost(edit.text, text):
+        return keep_aside(spec_path, EDITED_MARK, durable=durable)
+    try:
+        if read_text(spec_path) == text:
+            return None
+    except SpecError:  # missing, or not a readable regular file: sync_spec replaces whatever it is
+        return None
+    remove_file(spec_path, durable=durable)
+    return None
 
 
 def sync_spec(spec_path: str, text: str, durable: bool) -> bool:

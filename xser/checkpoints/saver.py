@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from ..errors import CheckpointError, Location
+from ..spec.saved import hand_edit
 from ..storage.commit import finish, new_id, remove_leftovers, stage
 from ..storage.fsutil import open_regular, os_error
 from ..storage.layout import data_dir_of
@@ -27,7 +28,7 @@ from ..storage.manifest import ParamEntry
 from ..storage.plan import plan_save
 from ..storage.write import write
 from .policy import Policy, as_policy, metrics_of, retain
-from .publish import publish_new_model, recover, replace_newest, rotate, sync_spec
+from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
 from .snapshot import Snapshot, growing, snapshot
 
 __all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
@@ -172,6 +173,7 @@ def save_locked(
     with scan(path) as s:
         aside = recover(path, s, durable=options.durable)
         existing = s.listed
+        edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
         if not restart:
             if policy is None:  # xser.save replaces slot 0; every other checkpoint stays and must match
                 newest = data_dir_of(path, 0)
@@ -187,6 +189,11 @@ def save_locked(
                 return SaveReport(True, None, set_aside=aside)
         with contextlib.ExitStack() as stack:
             staging = _stage_and_write(stack, path, snap, options, previous, model)
+            kept = clear_spec(path, snap.spec_text, edit, options.durable)
+            if kept is not None and edit is not None:
+                _log.warning("%s was edited by hand since the last save and this save replaces it with the spec of the object "
+                             "saved; the edited file is kept as %s (%s). To use an edit, load the edited file and save that "
+                             "object", path, kept, attrs.evolve(edit, path=kept).difference())
             if restart:
                 drop = [c.path for c, _ in existing]
                 publish_new_model(path, [staging.path], drop, options.durable)
@@ -258,6 +265,7 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
             model = new_id()
             with contextlib.ExitStack() as stack:
                 staged = [_stage_and_write(stack, out, snap, options, None, model) for snap in snaps]
+                clear_spec(out, snaps[0].spec_text, None, options.durable)
                 publish_new_model(out, [st.path for st in staged], old, options.durable)
         sync_spec(out, snaps[0].spec_text, options.durable)
 

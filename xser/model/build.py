@@ -34,7 +34,6 @@ _log = logging.getLogger("xser")
 __all__ = ["Experiment", "ExperimentSpec", "Store", "build", "build_spec", "experiment_name"]
 
 
-
 @attrs.frozen
 class ExperimentSpec:
     """One unbuilt experiment: its name, its tree, and where it came from."""
@@ -45,6 +44,7 @@ class ExperimentSpec:
     file: str | None = None
     #: the opened data directory of a saved model (its parameters are loaded, not initialised)
     data: OpenedDir | None = attrs.field(default=None, eq=False, repr=False)
+    sealed: str | None = None  # the checkpoint's own spec when ``tree`` is a top-level file edited by hand since
 
 
 # ---------------------------------------------------------------- the builder
@@ -76,12 +76,13 @@ class Builder:
 
     # -- stores and saved models
 
-    def store(self, datadir: OpenedDir) -> Store:
+    def store(self, datadir: OpenedDir, edited: tuple | None = None) -> Store:
         key = datadir.ino
         if key not in self.stores:
             main = self.spec.data is not None and key == self.spec.data.ino
             self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None,
-                                     tables=self.tables if main else None, missing=self.missing if main else "error")
+                                     tables=self.tables if main else None, missing=self.missing if main else "error",
+                                     edited=(self.spec.file, self.spec.sealed) if main and self.spec.sealed else edited)
         return self.stores[key]
 
     def cancel(self) -> None:
@@ -136,7 +137,7 @@ class Builder:
             self.opened.append(saved)
             self.doc.adopt(saved.doc)
             experiment = absolute_paths(saved.experiment, fname, saved.doc)
-            self.saved[key] = (experiment, Resolver(experiment, saved.doc), self.store(saved.data))
+            self.saved[key] = (experiment, Resolver(experiment, saved.doc), self.store(saved.data, saved.edited))
         tree, resolver, store = self.saved[key]
         sub_path = parse_path(args.get("path", ""), self.doc.where(node, "path"))
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..errors import DataError, Location, XserError, did_you_mean, shape_str
+from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
 from .serialize import saved_args
 from .tables import select
 from ..spec import parse
@@ -30,8 +30,10 @@ class Store:
     """A data directory being read by one build: prefetching, and what was used."""
 
     def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None, tables: dict | None = None,
-                 missing: str = "error") -> None:
+                 missing: str = "error", edited: tuple[str, str] | None = None) -> None:
         self.dir = datadir
+        #: (top-level file, the checkpoint's own spec) when the spec built was edited by hand: mismatches are SpecErrors
+        self.edited = edited
         self.missing = missing  # "init": a declared parameter absent on disk starts from its declared init
         self.initialised: list[str] = []
         self.migrated: dict[str, dict[str, np.ndarray]] = {}
@@ -48,11 +50,20 @@ class Store:
         entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
 
+    def mismatch(self, message: str, here: Location, where: Location | None) -> XserError:
+        """The error for a spec that does not match the data: a ``DataError`` at the data, or, when the spec is a file
+        edited by hand since the save, a ``SpecError`` at the edited component (the data's place in the message)."""
+        if self.edited is None:
+            return DataError(message + _at(where), here)
+        edited, sealed = self.edited
+        return SpecError(f"{here}: {message}; {edited} was edited since this checkpoint was saved and no longer matches its "
+                         f"data: undo the edit (the spec saved with the data is {sealed})", where or Location(edited))
+
     def claim(self, stored: str, where: Location | None) -> None:
         if stored not in self.dir.subcollections:
             near = did_you_mean(stored, self.dir.subcollections)
             here = Location(os.path.join(self.dir.path, stored))
-            raise DataError(f"subcollection is missing from the data directory{near}" + _at(where), here)
+            raise self.mismatch(f"subcollection is missing from the data directory{near}", here, where)
         self.used.setdefault(stored, set())
 
     def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
@@ -64,15 +75,16 @@ class Store:
             self.initialised.append(f"{stored}/{name}")
             return None
         if entry is None:
-            raise DataError(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'}); a parameter added "
-                            "since the save: load(..., missing=\"init\") starts it from its declared init" + _at(where), here)
+            raise self.mismatch(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'}); a parameter added "
+                                "since the save: load(..., missing=\"init\") starts it from its declared init", here, where)
         partial = self.rows.get(f"{stored}/{name}")
         if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
             shape = entry.shape  # a row range of a declared shape: checked by the read
         elif entry.shape != shape:
-            raise DataError(f"param {name!r}: shape {shape_str(shape)} in spec, {shape_str(entry.shape)} on disk", here)
+            raise self.mismatch(f"param {name!r}: shape {shape_str(shape)} in spec, {shape_str(entry.shape)} on disk", here,
+                                where if self.edited else None)
         if entry.dtype != dtype:
-            raise DataError(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here)
+            raise self.mismatch(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here, where if self.edited else None)
         self.used.setdefault(stored, set()).add(name)
         fut = self.futures.pop((stored, name), None)
         if fut is None:
@@ -110,7 +122,7 @@ class Store:
                 zero_slots.append(part)  # saved without its slots (xser avg --drop-slots): they start at zero
                 continue
             if e is None:
-                raise DataError(f"table {name!r}: part {part!r} is missing on disk (on disk: {', '.join(sub) or 'none'})" + _at(where), here)
+                raise self.mismatch(f"table {name!r}: part {part!r} is missing on disk (on disk: {', '.join(sub) or 'none'})", here, where)
             entries[part] = e
         ids_e = entries["id"]
         if ids_e.dtype != np.int64 or len(ids_e.shape) != 1:
@@ -118,8 +130,8 @@ class Store:
         n = ids_e.shape[0]
         for part, e in entries.items():
             if part != "id" and (e.shape != (n,) + dim or e.dtype != dtype):
-                raise DataError(f"table {name!r}: part {part!r} is {shape_str(e.shape)} {e.dtype} on disk, declared rows of "
-                                f"{shape_str(dim)} {dtype} for {n} ids", here)
+                raise self.mismatch(f"table {name!r}: part {part!r} is {shape_str(e.shape)} {e.dtype} on disk, declared rows of "
+                                    f"{shape_str(dim)} {dtype} for {n} ids", here, where if self.edited else None)
         for part in entries:
             self.used.setdefault(stored, set()).add(f"{name}@{part}")
         ids = self.dir.read(ids_e, verify=self.verify)
@@ -155,9 +167,9 @@ class Store:
                 Location(os.path.join(self.dir.path, lazy[0])),
             )
         if unused:
-            raise DataError(
+            raise self.mismatch(
                 f"subcollections on disk are not used by the spec: {', '.join(unused)} (load with strict=False to ignore)",
-                Location(self.dir.path),
+                Location(self.dir.path), None,
             )
         for sub, names in self.used.items():
             extra = sorted(set(self.dir.subcollections[sub]) - names)
@@ -214,6 +226,9 @@ class _Source:
             if where not in self.origin.store.initialised:
                 self.origin.store.initialised.append(f"the component at {where} (no saved parameters)")
             return
+        if self.origin.stored_name is None and self.origin.store.edited is not None:
+            raise self.origin.store.mismatch("component registers parameters, but its saved spec has no xser_subcol_name",
+                                             Location(self.origin.store.dir.path), self.where)
         if self.origin.stored_name is None:
             raise DataError(
                 "component registers parameters, but its saved spec has no xser_subcol_name",

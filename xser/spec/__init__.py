@@ -4,6 +4,7 @@ May import ``xser.errors`` and ``xser.storage`` (a saved model's spec lives in i
 directory); never the model, checkpoint or tool layers.
 """
 
-from .yamlio import Doc, Tagged, children, dump, format_path, iter_tagged, parse, read, rewrite_children
+from .dumping import dump
+from .yamlio import Doc, Tagged, children, format_path, iter_tagged, parse, read, read_text, rewrite_children
 
-__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "rewrite_children"]
+__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "read_text", "rewrite_children"]

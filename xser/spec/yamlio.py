@@ -1,4 +1,4 @@
-"""YAML text <-> plain trees (dicts, lists, scalars, ``Tagged`` nodes), with locations.
+"""YAML text -> plain trees (dicts, lists, scalars, ``Tagged`` nodes), with locations.
 
 No object is built here. Parsing is safe by construction: the YAML is *composed*
 into nodes and converted by hand, so no tag can run code. Standard scalar tags
@@ -9,9 +9,7 @@ Aliases are expanded as copies (only ``!Ref`` shares), and expansion is bounded.
 
 from __future__ import annotations
 
-import io
 import os
-import re
 import warnings
 from typing import Any
 
@@ -22,7 +20,7 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ..errors import Location, SpecError
 from ..storage.fsutil import open_regular
 
-__all__ = ["Doc", "Tagged", "children", "dump", "format_path", "iter_tagged", "parse", "read", "rewrite_children"]
+__all__ = ["Doc", "Tagged", "children", "format_path", "iter_tagged", "parse", "read", "read_text", "rewrite_children"]
 
 #: Upper bound on nodes produced from one document (guards against alias bombs).
 MAX_NODES = 2_000_000
@@ -324,6 +322,13 @@ def parse(text: str, file: str | os.PathLike | None = None) -> Doc:
 def read(path: str | os.PathLike) -> Doc:
     """Read and parse a YAML file; I/O and encoding problems are ``SpecError``s."""
     fname = os.fspath(path)
+    return parse(read_text(fname), fname)
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The text of a spec file: a regular file (a FIFO or device is refused, never waited on), at most
+    ``MAX_SPEC_BYTES``, UTF-8; every problem is a ``SpecError`` naming the file."""
+    fname = os.fspath(path)
     try:
         f = open_regular(fname, "the spec", SpecError)
     except FileNotFoundError:
@@ -336,111 +341,8 @@ def read(path: str | os.PathLike) -> Doc:
             if st.st_size > MAX_SPEC_BYTES:
                 raise SpecError(f"file has {st.st_size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
             raw = f.read(st.st_size)
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"cannot read file: not UTF-8 ({e.reason} at byte {e.start})", Location(fname)) from None
     except OSError as e:
         raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
-    return parse(text, fname)
-
-
-# ---------------------------------------------------------------- dumping
-
-
-_FLOW_WIDTH = 88
-
-
-def _short(items: Any) -> bool:
-    """Flow style (``{a: 1, b: 2}``) only for short collections of scalars."""
-    total = 0
-    for k, v in items:
-        if isinstance(v, (dict, list, tuple, Tagged)):
-            return False
-        total += len(str(k)) + len(str(v)) + 4
-        if total > _FLOW_WIDTH:
-            return False
-    return True
-
-
-def _represent_tagged(representer: Any, data: Tagged) -> Any:
-    return representer.represent_mapping(data.tag, data.args, flow_style=_short(data.args.items()))
-
-
-#: Strings that may be written plain (ruamel still quotes the ones that would read back
-#: as another type, like 'true' or '12'). Everything else is double-quoted, because
-#: ruamel's plain and single-quoted styles mis-handle some strings in flow context
-#: ('?x', ':0' as a key) and some line-break characters ('\x85', '\u2028').
-_PLAIN_OK = re.compile(r"[^\W_][\w./+\-]*(?: [\w./+\-]+)*", re.UNICODE)
-_SAFE_CHAR = re.compile(r"[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*")
-
-
-def _represent_str(representer: Any, data: str) -> Any:
-    if data and _PLAIN_OK.fullmatch(data) and _SAFE_CHAR.fullmatch(data):
-        return representer.represent_scalar(_STD + "str", data)
-    return representer.represent_scalar(_STD + "str", data, style='"')
-
-
-#: Plain scalars YAML 1.1 (PyYAML, XNMT's loader) reads as something other than a string: booleans (y/n too),
-#: nulls, ints (underscores, octal, binary, sexagesimal), floats, timestamps, merge and value keys.
-_YAML11_IMPLICIT = re.compile(
-    r"y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
-    r"|~|null|Null|NULL|<<|="
-    r"|[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+"
-    r"|[-+]?(?:[0-9][0-9_]*)?\.[0-9.]*(?:[eE][-+][0-9]+)?|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
-    r"|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?(?:(?:[Tt]|[ \t]+).*)?"
-)
-
-
-def _represent_str_yaml11(representer: Any, data: str) -> Any:
-    if _YAML11_IMPLICIT.fullmatch(data):
-        return representer.represent_scalar(_STD + "str", data, style='"')
-    return _represent_str(representer, data)
-
-
-def _represent_float_yaml11(representer: Any, data: float) -> Any:
-    """A float PyYAML reads back as that float: a '.' in the mantissa, a signed exponent, .inf and .nan."""
-    if data != data:
-        text = ".nan"
-    elif data in (float("inf"), float("-inf")):
-        text = ".inf" if data > 0 else "-.inf"
-    else:
-        text = repr(float(data))
-        mantissa, e, exp = text.partition("e")
-        if "." not in mantissa:
-            mantissa += ".0"
-        text = mantissa + (e + (exp if exp[:1] in "+-" else "+" + exp) if e else "")
-    return representer.represent_scalar(_STD + "float", text)
-
-
-def _represent_dict(representer: Any, data: dict) -> Any:
-    return representer.represent_mapping(_STD + "map", data, flow_style=bool(data) and _short(data.items()))
-
-
-def _represent_list(representer: Any, data: list) -> Any:
-    return representer.represent_sequence(_STD + "seq", data, flow_style=_short(enumerate(data)))
-
-
-def _dumper(yaml11: bool = False) -> YAML:
-    y = YAML(typ="safe", pure=True)
-    y.width = 1 << 16  # never fold long lines
-
-    y.representer.sort_base_mapping_type_on_output = False
-    y.representer.add_representer(Tagged, _represent_tagged)
-    y.representer.add_representer(dict, _represent_dict)
-    y.representer.add_representer(str, _represent_str)
-    y.representer.add_representer(list, _represent_list)
-    if yaml11:
-        y.representer.add_representer(str, _represent_str_yaml11)
-        y.representer.add_representer(float, _represent_float_yaml11)
-    return y
-
-
-def dump(tree: Any, *, yaml11: bool = False) -> str:
-    """Render a plain tree (with ``Tagged`` nodes) as YAML text, keys in insertion order.
-
-    ``yaml11=True`` writes what a YAML 1.1 loader (PyYAML: XNMT) reads back the same: strings it would take for
-    booleans, nulls or numbers are quoted, and floats always have a '.' and a signed exponent."""
-    out = io.StringIO()
-    _dumper(yaml11).dump(tree, out)
-    return out.getvalue()

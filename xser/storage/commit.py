@@ -37,6 +37,8 @@ __all__ = [
     "new_id",
     "now",
     "publish",
+    "keep_aside",
+    "remove_file",
     "remove_leftovers",
     "remove_tree",
     "stage",
@@ -213,6 +215,33 @@ def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
         except OSError:
             pass
         raise DataError(f"cannot write file: {e.strerror or e}", Location(e.filename or path)) from None
+
+
+def keep_aside(path: str, mark: str, *, durable: bool = True) -> str:
+    """Rename ``path`` to the first free name of ``path + mark``, ``path + mark + ".2"``, ... (never over a file);
+    return that name. Call while holding the model's lock."""
+    n = 1
+    while os.path.lexists(target := path + mark + ("" if n == 1 else f".{n}")):
+        n += 1
+    try:
+        os.rename(path, target)
+        if durable:
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise DataError(f"cannot rename file: {e.strerror or e}", Location(e.filename or path)) from None
+    return target
+
+
+def remove_file(path: str, *, durable: bool = True) -> None:
+    """Remove the file ``path`` (gone already is fine)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DataError(f"cannot remove file: {e.strerror or e}", Location(e.filename or path)) from None
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def remove_leftovers(spec_path: str) -> list[str]:

@@ -9,6 +9,7 @@ model.yaml.tmp-<pid>-<hex>        a spec file being written
 model.yaml.data.tmp-<pid>-<hex>   a data directory being staged
 model.yaml.data.old-<pid>-<hex>   a checkpoint being deleted (renamed first, then removed)
 model.yaml.data.damaged-<hex>     a slot that held no valid checkpoint, set aside (never deleted)
+model.yaml.edited, .edited.2, ... a hand-edited spec file that a save replaced, kept (never deleted)
 ```
 """
 
@@ -20,6 +21,7 @@ import secrets
 
 __all__ = [
     "DAMAGED_MARK",
+    "EDITED_MARK",
     "OLD_MARK",
     "TMP_MARK",
     "data_dir_of",
@@ -34,6 +36,7 @@ __all__ = [
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 DAMAGED_MARK = ".damaged-"
+EDITED_MARK = ".edited"
 PARTIAL = ".data.partial"
 
 

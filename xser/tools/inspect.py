@@ -16,7 +16,7 @@ from ..api import retrying
 from ..errors import CheckpointError, DataError, Location
 from ..spec import Tagged, children, format_path
 from ..storage.dtypes import find
-from ..spec.saved import SavedModel, open_saved, top_level_state, with_spec
+from ..spec.saved import SavedModel, hand_edit, open_saved, top_level_state, with_spec
 from ..storage.layout import models_in, slot_of
 from ..storage.listing import Checkpoint, checkpoints, scan
 from .convert import spec_subcols
@@ -25,7 +25,9 @@ __all__ = ["ModelView", "foreign_kind", "json_text", "not_a_model_directory", "o
 
 _TOP = {
     "in step": "the top-level spec file equals this checkpoint's spec",
-    "out of step": "the top-level spec file differs from this checkpoint's spec (edited, or a save was interrupted); "
+    "edited": "the top-level spec file was edited by hand since this checkpoint was saved; load builds it, checked "
+    "against this checkpoint's data, and a save of the loaded model stores it",
+    "out of step": "the top-level spec file is another checkpoint's spec (a save was interrupted, or is running); "
     "the checkpoint's own spec is used, and the next save rewrites the file",
     "missing": "there is no top-level spec file (a save was interrupted); the checkpoint's own spec is used",
     "no copy": "this checkpoint (format_version 1) has no spec of its own; the top-level file is its spec",
@@ -40,6 +42,7 @@ class ModelView:
         self.data = saved.data
         self.spec_file = saved.spec_file
         self.top = top_level_state(path, saved.data)
+        self.edit = hand_edit(path, saved.data) if self.top == "edited" else None
         self.checkpoints = ckpts
         self.others = others  # notes on slots that are not this model's checkpoints
         self.components: list[tuple[str, Tagged]] = []
@@ -137,6 +140,8 @@ class ModelView:
             f"  spec: {self.spec_file}",
             f"  top-level spec: {self.top}: {_TOP.get(self.top, '')}",
         ]
+        if self.edit is not None:
+            out.append(f"  edit: {self.edit.difference()}")
         for key in ("training", "custom"):
             if meta.get(key):
                 text = str(meta[key])
