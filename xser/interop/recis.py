@@ -218,6 +218,9 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     dense: dict[str, Any] = {}
     for tensor, bs in tensors(blocks).items():  # a table's slices in slice order
         if bs[0].slice is None:
+            if len(bs) > 1:
+                raise DataError(f"tensor {tensor!r} is both a dense block and a hash-table slice ({', '.join(repr(b.key) for b in bs)})",
+                                Location(directory))
             dense[tensor] = bs[0]
         else:
             table, _, part = tensor.partition("@")
@@ -227,6 +230,7 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     for name, parts in tables.items():
         if "id" not in parts or "embedding" not in parts:
             raise DataError(f"hash table {name!r} lacks its id or embedding blocks", Location(directory))
+        _check_table(name, parts, directory)
         ids = np.concatenate([read_block(b) for b in parts["id"]]) if parts["id"] else np.empty(0, np.int64)
         order = np.argsort(ids, kind="stable")
         if ids.size > 1 and (ids[order][1:] == ids[order][:-1]).any():
@@ -250,6 +254,25 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     meta = {"training": {"imported_from": os.path.abspath(directory), "recis_blocks": len(blocks)}}
     write_new_model(out, [Snapshot(text, {sub: arrays}, meta)], SaveOptions(durable), force=force)
     return sub
+
+
+def _check_table(name: str, parts: dict[str, list], directory: str) -> None:
+    """Every part of a hash table has the slices its ids have, each block as many rows as its slice's ids."""
+    ids = parts["id"]
+    for b in ids:
+        if len(b.shape) != 1 or np.dtype(b.dtype) != np.int64:
+            raise DataError(f"hash table {name!r}: id block {b.key!r} is {find(b.dtype).tag if find(b.dtype) else b.dtype} of shape "
+                            f"{list(b.shape)}; ids are a 1-D int64 array", Location(directory))
+    slices = [b.slice for b in ids]
+    for part, bs in parts.items():
+        if [b.slice for b in bs] != slices:
+            raise DataError(f"hash table {name!r}: part {part!r} has the slices {[b.slice for b in bs]}, its ids {slices}",
+                            Location(directory))
+        for b, i in zip(bs, ids):
+            if len(b.shape) < 1 or b.shape[0] != i.shape[0]:
+                rows = b.shape[0] if b.shape else "no"
+                raise DataError(f"hash table {name!r}: block {b.key!r} holds {rows} rows, its slice's id block {i.key!r} "
+                                f"{i.shape[0]} ids", Location(directory))
 
 
 def _lazy(b: Any) -> Lazy:

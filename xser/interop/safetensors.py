@@ -28,6 +28,7 @@ from ..model.registry import serializable
 from ..model.resources import PREFIX as RESOURCE
 from ..model.resources import resources
 from ..model.serialize import flat_keys
+from ..model.tables import SEP
 from ..spec import Tagged
 from ..storage.dtypes import find, resolve
 from ..storage.formats.safetensors import SAFETENSORS
@@ -53,11 +54,14 @@ class SafetensorsWeights:
 
     tensors: dict
     files: list = attrs.field(factory=list)
+    tables: dict = attrs.field(factory=dict)
 
     def __attrs_post_init__(self):
         p = params(self)
         self.arrays = {k: p.add(k, tuple(shape), dtype=resolve(dtype), init="zeros") for k, (dtype, shape) in self.tensors.items()}
         self.paths = {n: resources(self).add(n, name=n) for n in self.files}
+        self.hash_tables = {n: p.add_table(n, tuple(t["dim"]), dtype=resolve(t["dtype"]), slots=tuple(t.get("slots", ())))
+                            for n, t in self.tables.items()}
 
 
 def parse_size(text: str | int) -> int:
@@ -250,7 +254,10 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     source, out = os.fspath(source), os.fspath(out)
     files = hf_files(source)
     found = {k: (v[0], v[4]) for k, v in hf_tensors(files).items()}
+    tables = _tables(found)
     for key, (path, _) in found.items():
+        if SEP in key:
+            continue  # a hash table's part, checked by _tables
         if not NAME_RE.fullmatch(key):
             raise DataError(f"tensor name {key!r} cannot be an xser parameter name (it must match {NAME_RE.pattern})", Location(path))
         if key.startswith(RESOURCE):
@@ -263,8 +270,9 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
                      NAME_RE.pattern)
         side.remove(n)
     name = fresh_name(SafetensorsWeights)
-    tensors = {k: [find(t[0]).tag, list(t[1])] for k, (_, t) in found.items()}
-    args: dict[str, Any] = {"tensors": tensors, **({"files": side} if side else {}), "xser_subcol_name": name}
+    tensors = {k: [find(t[0]).tag, list(t[1])] for k, (_, t) in found.items() if SEP not in k}
+    args: dict[str, Any] = {"tensors": tensors, **({"files": side} if side else {}), **({"tables": tables} if tables else {}),
+                            "xser_subcol_name": name}
     tree = Tagged("!SafetensorsWeights", args)
     text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(source.rstrip("/")), "experiment": tree})
     arrays: dict[str, tuple[Any, bool]] = {
@@ -274,6 +282,36 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     formats = {f"{name}/{RESOURCE}*": "raw", f"{name}/*": format}
     write_new_model(out, [Snapshot(text, {name: arrays}, meta, formats)], SaveOptions(durable), force=force)
     return name
+
+
+def _tables(found: dict[str, tuple[str, tuple]]) -> dict[str, dict[str, Any]]:
+    """Hash tables from keys ``<table>@id``, ``<table>@embedding`` and ``<table>@<slot>`` (as xser's export writes
+    them): ``{table: {dim, dtype, slots}}``, each part checked against the ids."""
+    parts: dict[str, dict[str, tuple[str, tuple]]] = {}
+    for key, v in found.items():
+        if SEP in key:
+            table, _, part = key.rpartition(SEP)
+            parts.setdefault(table, {})[part] = v
+    out = {}
+    for table, ps in parts.items():
+        where = next(iter(ps.values()))[0]
+        if "id" not in ps or "embedding" not in ps:
+            raise DataError(f"tensors {', '.join(repr(f'{table}{SEP}{p}') for p in ps)}: a name with {SEP!r} is a hash table's part, "
+                            f"and the table needs {table}{SEP}id and {table}{SEP}embedding", Location(where))
+        if not NAME_RE.fullmatch(table) or not all(NAME_RE.fullmatch(p) for p in ps):
+            raise DataError(f"hash table {table!r}: its name and part names must match {NAME_RE.pattern}", Location(where))
+        (ipath, it), (epath, et) = ps["id"], ps["embedding"]
+        if len(it[1]) != 1 or np.dtype(it[0]) != np.int64:
+            raise DataError(f"hash table {table!r}: {table}{SEP}id is {find(it[0]).tag} of shape {list(it[1])}; ids are a 1-D int64 "
+                            "array", Location(ipath))
+        if len(et[1]) < 1:
+            raise DataError(f"hash table {table!r}: {table}{SEP}embedding has no rows (shape {list(et[1])})", Location(epath))
+        for part, (path, t) in ps.items():
+            if part != "id" and (tuple(t[1]) != (it[1][0],) + tuple(et[1][1:]) or np.dtype(t[0]) != np.dtype(et[0])):
+                raise DataError(f"hash table {table!r}: {table}{SEP}{part} is {find(t[0]).tag} of shape {list(t[1])}; its "
+                                f"{it[1][0]} ids need {find(et[0]).tag} rows of shape {list(et[1][1:])}", Location(path))
+        out[table] = {"dim": list(et[1][1:]), "dtype": find(et[0]).tag, "slots": [p for p in ps if p not in ("id", "embedding")]}
+    return out
 
 
 def _side_file(path: str) -> np.ndarray:
