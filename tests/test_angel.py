@@ -196,7 +196,11 @@ def test_any_separator_round_trips(tmp_path, sep, fmt):
     w = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5) * 1.5
     leaf = leaf_of({"w": w})
     xser.save(leaf, tmp_path / "m.yaml", durable=False)
-    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w", sep=sep, block_rows=2)
+    if sep == "|" and fmt != "value-text":  # Angel's reader splits at the regex '|' (an empty alternative): between all chars
+        with pytest.warns(UserWarning, match=r"^export angel: Angel's reader splits lines at the regular expression '\|'"):
+            export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w", sep=sep, block_rows=2)
+    else:
+        export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w", sep=sep, block_rows=2)
     assert np.array_equal(read_angel(tmp_path / "o" / "w")[1], w)
     leaf2 = leaf_of({"w": w})
     xser.save(leaf2, tmp_path / "f.yaml", formats={"*": (fmt, {"sep": sep})}, durable=False)
@@ -300,3 +304,126 @@ def test_int64_values_and_long_ids_stay_exact(tmp_path, fmt):
     out = np.zeros((2, 2), np.int64)
     decode_partition(out, pm, data, fmt, vdtype, long_ids, str(tmp_path / "0"))
     assert out.tolist() == vals.tolist()
+
+
+class TestSeparators:
+    """Angel writes the separator (conf text.format.filed.sep) as it is and splits lines with String.split(sep): a regular
+    expression, trailing empty fields dropped."""
+
+    def export(self, tmp_path, fmt="colid-value-text", sep=","):
+        w = np.array([[1.5, -2.0], [0.25, 1e-7]], np.float32)
+        leaf = leaf_of({"w": w})
+        xser.save(leaf, tmp_path / "m.yaml", durable=False)
+        export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format=fmt, matrix_name="w", sep=sep)
+        return w, tmp_path / "o" / "w"
+
+    @pytest.mark.parametrize("sep", ["::", ", ", "<->", "\t\t", "ab", "0x"])
+    @pytest.mark.parametrize("fmt", ["colid-value-text", "rowid-colid-value-text", "text-column"])
+    def test_separators_of_several_characters(self, tmp_path, fmt, sep):
+        """Found in the files with no option (it was the first non-number character only)."""
+        w, d = self.export(tmp_path, fmt, sep)
+        assert sep.encode() in (d / "0").read_bytes()
+        assert np.array_equal(read_angel(d)[1], w)
+        assert np.array_equal(read_angel(d, sep=sep)[1], w)
+
+    def test_an_explicit_separator_is_a_regular_expression(self, tmp_path):
+        """--sep on import is what Angel's reader takes: a regex; '[,;]' splits at either."""
+        w, d = self.export(tmp_path)
+        (d / "0").write_bytes((d / "0").read_bytes().replace(b"1,", b"1;", 1))
+        assert np.array_equal(read_angel(d, sep="[,;]")[1], w)
+        assert main(["import", "angel", str(d), str(tmp_path / "i.yaml"), "--sep", " *[,;] *"]) == 0
+        assert np.array_equal(xser.load(tmp_path / "i.yaml").values, w)
+
+    def test_a_metacharacter_separator_splits_as_java_does(self, tmp_path):
+        """sep '|' is the regex of an empty alternative: Java splits between all characters, and so does the reader."""
+        w, d = self.export(tmp_path)
+        text = (d / "0").read_bytes().replace(b",", b"|")
+        (d / "0").write_bytes(text)
+        with pytest.raises(xser.DataError) as info:
+            read_angel(d, sep="|")
+        assert str(info.value).endswith("0:1: 5 fields separated by '|' (a regular expression, as Angel's reader splits), 2 expected")
+        assert np.array_equal(read_angel(d, sep=r"\|")[1], w)
+        assert np.array_equal(read_angel(d)[1], w)  # found in the file: the literal '|'
+
+    def test_a_trailing_separator_is_read_as_angel_reads_it(self, tmp_path):
+        """'0,1.5,' splits into 2 fields in Java (trailing empty strings are dropped)."""
+        w, d = self.export(tmp_path)
+        lines = (d / "0").read_bytes().split(b"\n")[:-1]
+        data = b"".join(line + b",\n" for line in lines)
+        (d / "0").write_bytes(data)
+        _rewrite_length(d, len(data))
+        assert np.array_equal(read_angel(d)[1], w)
+
+    @pytest.mark.parametrize("sep, message", [
+        ("|", "export angel: Angel's reader splits lines at the regular expression '|' (String.split): '10|2|-1.25E-7' gives "
+              "13 fields, not 3; a separator without regex metacharacters works"),
+        (".", "export angel: Angel's reader splits lines at the regular expression '.' (String.split): '10.2.-1.25E-7' gives "
+              "0 fields, not 3; a separator without regex metacharacters works"),
+        ("+", "export angel: Angel's reader splits lines at the regular expression '+', which Java rejects too (nothing to repeat "
+              "at position 0)"),
+        ("1", "export angel: Angel's reader splits lines at the regular expression '1' (String.split): '10121-1.25E-7' gives "
+              "5 fields, not 3; a separator without regex metacharacters works"),
+    ])
+    def test_export_warns_of_separators_angel_cannot_read(self, tmp_path, sep, message):
+        with pytest.warns(UserWarning) as record:
+            self.export(tmp_path, "rowid-colid-value-text", sep)
+        assert [str(r.message) for r in record] == [message]
+
+    def test_bad_regex_on_import(self, tmp_path):
+        _, d = self.export(tmp_path)
+        with pytest.raises(xser.DataError) as info:
+            read_angel(d, sep="(")
+        assert str(info.value) == ("separator '(' is not a regular expression (Angel's reader splits lines with String.split, "
+                                   "which takes one): missing ), unterminated subpattern at position 0")
+
+
+def _rewrite_length(d, length):
+    meta = json.loads((d / "_meta").read_bytes()[4:])
+    meta["partMetas"]["0"]["length"] = length
+    write_meta(d, meta)
+
+
+def test_angel_layouts_come_back_byte_for_byte(tmp_path):
+    """An Angel directory with partitions of rows and columns (range partitioning), three partitions in one file and one
+    in another, rows 30-33 (rowMetas wrap around: 32, 33, 30, 31), matrixId 3, other options, a long-key float row type,
+    ';' as separator: import, then export with no options gives every file back byte for byte."""
+    from xser.storage.formats.angel_codec import encode_box, rowmetas_order
+
+    w = np.arange(34 * 6, dtype=np.float32).reshape(34, 6) / 8 - 7
+    d = tmp_path / "emb"
+    d.mkdir()
+    boxes = {0: (0, 30, 0, 4), 1: (0, 30, 4, 6), 2: (30, 34, 0, 4), 3: (30, 34, 4, 6)}
+    files = {"0": [0, 1, 2], "3": [3]}
+    parts = {}
+    for fname, pids in files.items():
+        blob = b""
+        for pid in pids:
+            r0, r1, c0, c1 = boxes[pid]
+            data, metas, _, _ = encode_box(w, boxes[pid], "colid-value-text", np.dtype(">f4"), True, True, ";")
+            parts[pid] = {"partId": pid, "startRow": r0, "endRow": r1, "startCol": c0, "endCol": c1, "nnz": (r1 - r0) * (c1 - c0),
+                          "saveRowNum": r1 - r0, "saveColNum": 0, "saveColElemNum": 0, "fileName": fname, "offset": len(blob),
+                          "length": len(data), "rowMetas": {str(r): {"rowId": r, "offset": len(blob), "elementNum": c1 - c0, "saveType": 0}
+                                                            for r in rowmetas_order([r for r, _ in metas])}}
+            blob += data
+        (d / fname).write_bytes(blob)
+    meta = {"matrixId": 3, "matrixName": "emb", "formatClassName": "com.tencent.angel.model.output.format.ColIdValueTextRowFormat",
+            "rowType": 9, "row": 34, "col": 6, "blockRow": 30, "blockCol": 4,
+            "options": {"feature.index.range.end": "6", "angel.ps.router.type": "range", "feature.index.range.start": "0"},
+            "partMetas": {str(k): parts[k] for k in sorted(parts)}}
+    assert list(parts[2]["rowMetas"]) == ["32", "33", "30", "31"]
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    (d / "_meta").write_bytes(struct.pack(">i", len(raw)) + raw)
+    assert main(["import", "angel", str(d), str(tmp_path / "m.yaml")]) == 0
+    assert np.array_equal(xser.load(tmp_path / "m.yaml").values, w)
+    name = xser.params(xser.load(tmp_path / "m.yaml")).name
+    assert main(["export", "angel", str(tmp_path / "m.yaml"), f"{name}/values", str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out" / "emb").iterdir()) == ["0", "3", "_meta"]
+    for f in ("0", "3", "_meta"):
+        assert (tmp_path / "out" / "emb" / f).read_bytes() == (d / f).read_bytes(), f
+    # an option given explicitly wins over the record: one partition per file, rows of 10
+    assert main(["export", "angel", str(tmp_path / "m.yaml"), f"{name}/values", str(tmp_path / "o2"), "--block-rows", "10",
+                 "--per-file", "1", "--format", "binary-column"]) == 0
+    assert sorted(p.name for p in (tmp_path / "o2" / "emb").iterdir()) == ["0", "1", "2", "3", "_meta"]
+    back = json.loads((tmp_path / "o2" / "emb" / "_meta").read_bytes()[4:])
+    assert (back["rowType"], back["matrixId"], back["blockRow"]) == (9, 3, 10)
+    assert np.array_equal(read_angel(tmp_path / "o2" / "emb")[1], w)

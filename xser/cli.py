@@ -127,7 +127,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     elif args.system == "angel":
         from .interop.angel import import_angel
 
-        name = import_angel(args.source, args.out, force=args.force)
+        name = import_angel(args.source, args.out, force=args.force, sep=args.sep)
         print(f"imported {args.source} as {args.out} (parameter {name}/values)")
     elif args.system == "recis":
         from .interop.recis import import_recis
@@ -160,7 +160,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         written = export_angel(
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
-            sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file, force=args.force,
+            sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file, row_type=args.row_type, force=args.force,
         )
     elif args.system == "recis":
         from .interop.recis import export_recis
@@ -266,6 +266,9 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         q.add_argument("--force", action="store_true", help="replace OUT if it exists")
         if name == "safetensors":
             q.add_argument("--format", default="npy", choices=("npy", "safetensors"), help="weight format of the new model")
+        if name == "angel":
+            q.add_argument("--sep", help="separator of the text formats, a regular expression as Angel's reader takes it "
+                           "(text.format.filed.sep; default: found in the files)")
         if name == "dismec":
             q.add_argument("--partial", action="store_true", help="import the label ranges present when some are missing (a checkpoint of an unfinished run)")
 
@@ -291,13 +294,17 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
     q.add_argument("out", help="directory to write the matrix directory into")
     q.add_argument("--force", action="store_true", help="replace an existing matrix directory")
-    q.add_argument("--format", default="colid-value-text", help="value-binary, colid-value-binary, rowid-colid-value-binary, "
-                   "value-text, colid-value-text, rowid-colid-value-text, binary-column or text-column")
-    q.add_argument("--name", help="matrix name (default: the parameter's name)")
-    q.add_argument("--block-rows", type=int, help="rows per partition (default: one partition)")
-    q.add_argument("--per-file", type=int, default=5, metavar="N",
-                   help="partitions per data file at most, grouped by halving as Angel's PS does (angel.ps.max.partition.number.single.file; default 5)")
-    q.add_argument("--sep", default=",", help="separator of the text formats (Angel's default: ,)")
+    q.add_argument("--format", help="value-binary, colid-value-binary, rowid-colid-value-binary, value-text, colid-value-text, "
+                   "rowid-colid-value-text, binary-column or text-column (default: as imported, else colid-value-text)")
+    q.add_argument("--name", help="matrix name (default: as imported, else the parameter's name)")
+    q.add_argument("--block-rows", type=int, help="rows per partition (default: the imported partitions, else one partition)")
+    q.add_argument("--per-file", type=int, metavar="N",
+                   help="partitions per data file at most, grouped by halving as Angel's PS does "
+                   "(angel.ps.max.partition.number.single.file; default: the imported files, else 5)")
+    q.add_argument("--sep", help="separator of the text formats (default: as imported, else Angel's ,)")
+    q.add_argument("--row-type", type=int, metavar="N",
+                   help="Angel's RowType number: 0-6 double, 7-13 float, 14-20 long, 21-27 int values; dense, sparse (+3), "
+                   "long keys (default: as imported, else dense with int keys)")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q = systems.add_parser("xnmt", help="the model and all checkpoints as XNMT's YAML and DyNet text files")
     q.add_argument("model", help="saved xser model")

@@ -28,8 +28,10 @@ from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
 from ..storage.formats.angel_codec import ANGEL_FORMATS as FORMATS
-from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FILE, decode_partition, encode_partition, file_groups,
-                                           hashmap_order, row_type)
+from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FILE, decode_partition, encode_box, file_groups,
+                                           row_type_of, rowmetas_order)
+from ..storage.formats.angel_text import readable_separator
+from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
@@ -54,74 +56,147 @@ def _jettison(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).replace("/", "\\/")
 
 
+def _recorded(model: Any, checkpoint: Any, shape: tuple) -> dict:
+    """The Angel layout recorded when the model was imported from Angel (``angel_layout``), if it still fits a
+    matrix of ``shape``; else {}."""
+    from ..api import retrying
+    from ..storage.listing import open_checkpoint
+
+    def once() -> Any:
+        with open_checkpoint(model, checkpoint) as data:
+            return data.meta.get("training") or {}
+
+    rec = retrying(os.fspath(model), once).get("angel_layout")
+    if not isinstance(rec, dict):
+        return {}
+    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    if (meta.get("row"), meta.get("col")) != tuple(shape):
+        return {}  # the matrix changed shape since: the recorded partitioning no longer fits
+    return rec
+
+
+def _partitions(recorded: Any, rows: int, cols: int) -> list[tuple[int, tuple[int, int, int, int], str]] | None:
+    """The recorded ``(partId, (r0, r1, c0, c1), fileName)`` list, if it is one that tiles the matrix."""
+    try:
+        parts = [(int(p), (int(a), int(b), int(c), int(d)), str(f)) for p, a, b, c, d, f in recorded]
+    except (TypeError, ValueError):
+        return None
+    try:
+        _check_cover([((a, c), (b - a, d - c)) for _, (a, b, c, d), _ in parts], rows, cols, Location("recorded layout"))
+    except DataError:
+        return None
+    return parts if parts else None
+
+
 @writes_files
 def export_angel(
     model: str | os.PathLike,
     param: str,
     out_dir: str | os.PathLike,
     *,
-    format: str = "colid-value-text",
+    format: str | None = None,
     matrix_name: str | None = None,
     block_rows: int | None = None,
-    sep: str = ",",
-    checkpoint: int = 0,
-    per_file: int = PARTITIONS_PER_FILE,
+    sep: str | None = None,
+    checkpoint: Any = 0,
+    per_file: int | None = None,
+    row_type: int | None = None,
     force: bool = False,
 ) -> list[str]:
-    """Write ``param`` (a 2-D float matrix) as an Angel matrix directory ``out_dir/<name>/``.
+    """Write ``param`` (a 2-D float32/float64/int32/int64 matrix) as an Angel matrix directory ``out_dir/<name>/``.
 
     Partitions of ``block_rows`` rows go into files the way Angel's PS groups them (halving the
     sorted list until a piece has at most ``per_file``, Angel's ``angel.ps.max.partition.number.single.file``),
-    and each partition's ``rowMetas`` are listed in the HashMap order Angel writes. ``param`` is
+    and each partition's ``rowMetas`` are listed in the order Angel's ``MatrixPartitionMeta`` writes them (a
+    ``HashMap`` of default capacity). ``row_type`` is Angel's RowType number (default: dense, int keys, the
+    matrix's value type): long-key types write 8-byte column ids, sparse types only the non-zero values.
+    Options left out are the ones recorded when the model was imported from Angel (format, separator, row type,
+    partitions and their files, matrix name and the rest of ``_meta``), so that export gives back the imported
+    files byte for byte; else ``colid-value-text``, ``,``, one partition, 5 per file. ``param`` is
     ``"<subcollection>/<parameter>"`` or its component path; an existing ``out_dir/<name>`` is an error unless
     ``force`` (which replaces it whole).
     """
+    import warnings
+
     from . import read_param, refuse_existing
 
-    if format not in FORMATS:
+    if format is not None and format not in FORMATS:
         raise DataError(f"unknown Angel format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
+    if per_file is not None and per_file < 1:
+        raise DataError(f"per_file must be at least 1, got {per_file}")
+    if block_rows is not None and block_rows < 1:
+        raise DataError(f"block_rows must be at least 1, got {block_rows}")
     w = read_param(model, param, checkpoint)
-    pname = param.partition("/")[2]
-    if w.ndim != 2 or w.dtype.kind != "f" or w.dtype.itemsize not in (4, 8):
-        raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; Angel stores 2-D float32 or float64 matrices")
-    is_float = w.dtype.itemsize == 4
+    pname = param.partition("/")[2] or param.rpartition(".")[2]
+    if w.ndim != 2 or (w.dtype.kind, w.dtype.itemsize) not in (("f", 4), ("f", 8), ("i", 4), ("i", 8)):
+        raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; Angel stores 2-D float32, float64, int32 or int64 matrices")
     rows, cols = w.shape
-    name = matrix_name or pname
-    block = block_rows or max(rows, 1)
+    rec = _recorded(model, checkpoint, w.shape)
+    rmeta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    format = format or (rec.get("format") if rec.get("format") in FORMATS else "colid-value-text")
+    sep = sep if sep is not None else (rec.get("sep") if isinstance(rec.get("sep"), str) and rec.get("sep") else ",")
+    if row_type is None:
+        rt = rec.get("row_type")
+        row_type = rt if isinstance(rt, int) and not isinstance(rt, bool) else row_type_of(w.dtype)
+    try:
+        if not isinstance(row_type, int) or isinstance(row_type, bool):
+            raise ValueError(f"unknown rowType {row_type!r}")
+        vtype, long_ids, dense = angel_row_type(row_type)
+    except ValueError as e:
+        raise DataError(f"row type: {e} (0-27: double, float, long, int values; dense, sparse, long keys)") from None
+    if (vtype.kind, vtype.itemsize) != (w.dtype.kind, w.dtype.itemsize):
+        raise DataError(f"row type {row_type} holds {vtype.newbyteorder('=')} values, {param} is {w.dtype}")
+    if format in ("colid-value-text", "rowid-colid-value-text", "text-column"):
+        problem = readable_separator(sep)
+        if problem:
+            warnings.warn(f"export angel: {problem}", UserWarning, stacklevel=3)
+    parts = None if block_rows is not None or per_file is not None else _partitions(rec.get("partitions"), rows, cols)
+    if parts is None:
+        block = block_rows or max(rows, 1)
+        boxes = [(r0, min(rows, r0 + block), 0, cols) for r0 in range(0, max(rows, 1), block)]
+        groups = file_groups(len(boxes), per_file or PARTITIONS_PER_FILE)
+        parts = [(pid, box, str(g0)) for g0, g1 in groups for pid, box in list(enumerate(boxes))[g0:g1]]
+    else:
+        block = rmeta.get("blockRow", max(rows, 1))
+    name = matrix_name or (rmeta.get("matrixName") if isinstance(rmeta.get("matrixName"), str) and rmeta.get("matrixName") else pname)
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise DataError(f"matrix name {name!r} must be a plain directory name")
     target = os.path.join(os.fspath(out_dir), name)
     refuse_existing(target, force)
     if os.path.lexists(target):
         shutil.rmtree(target) if os.path.isdir(target) and not os.path.islink(target) else os.remove(target)
     os.makedirs(target)
-    parts = [(k, r0, min(rows, r0 + block)) for k, r0 in enumerate(range(0, max(rows, 1), block))]
     column = format.endswith("column")
-    metas: dict[str, Any] = {}
+    metas: dict[int, Any] = {}
     written = []
-    if per_file < 1:
-        raise DataError(f"per_file must be at least 1, got {per_file}")
+    files: dict[str, list] = {}
+    for pid, box, fname in parts:
+        files.setdefault(fname, []).append((pid, box))
     with progress(w.nbytes, "exporting"):
-        for g0, g1 in file_groups(len(parts), per_file):
-            group = parts[g0:g1]
-            fname = str(group[0][0])
+        for fname, group in files.items():
             offset = 0
             with open(os.path.join(target, fname), "wb") as fh:
-                for pid, r0, r1 in group:
-                    data = encode_partition(w, r0, r1, 0, cols, format, is_float, sep)
+                for pid, (r0, r1, c0, c1) in group:
+                    data, row_metas, save_cols, save_col_elems = encode_box(w, (r0, r1, c0, c1), format, vtype, long_ids, dense, sep)
                     fh.write(data)
-                    advance(w[r0:r1].nbytes)
-                    metas[str(pid)] = {
-                        "partId": pid, "startRow": r0, "endRow": r1, "startCol": 0, "endCol": cols, "nnz": (r1 - r0) * cols,
-                        "saveRowNum": 0 if column else r1 - r0, "saveColNum": cols if column else 0, "saveColElemNum": (r1 - r0) if column else 0,
+                    advance(w[r0:r1, c0:c1].nbytes)
+                    by_row = dict(row_metas)
+                    metas[pid] = {
+                        "partId": pid, "startRow": r0, "endRow": r1, "startCol": c0, "endCol": c1,
+                        "nnz": sum(n for _, n in row_metas) if not dense else (r1 - r0) * (c1 - c0),
+                        "saveRowNum": 0 if column else r1 - r0, "saveColNum": save_cols, "saveColElemNum": save_col_elems,
                         "fileName": fname, "offset": offset, "length": len(data),
-                        "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": cols, "saveType": 0}
-                                     for r in hashmap_order(list(range(r0, r1)), r1 - r0)},
+                        "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": by_row[r], "saveType": 0}
+                                     for r in rowmetas_order([r for r, _ in row_metas])},
                     }
                     offset += len(data)
             written.append(os.path.join(target, fname))
     meta = {
-        "matrixId": 1, "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": 7 if is_float else 0,
-        "row": rows, "col": cols, "blockRow": block, "blockCol": cols,
-        "options": {"feature.index.range.end": str(cols), "feature.index.range.start": "0"}, "partMetas": metas,
+        "matrixId": rmeta.get("matrixId", 1), "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": row_type,
+        "row": rows, "col": cols, "blockRow": block, "blockCol": rmeta.get("blockCol", cols) if rmeta else cols,
+        "options": rmeta.get("options") if isinstance(rmeta.get("options"), dict) else
+        {"feature.index.range.end": str(cols), "feature.index.range.start": "0"},
+        "partMetas": {str(pid): metas[pid] for pid in sorted(metas)},
     }
     body = _jettison(meta).encode("utf-8")
     with open(os.path.join(target, "_meta"), "wb") as fh:
@@ -159,13 +234,35 @@ def _partition_box(pid: str, pm: Any, rows: int, cols: int, where: Location) -> 
     return (r0, c0), (r1 - r0, c1 - c0)
 
 
-def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
+def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[dict, np.ndarray]:
     """The ``_meta`` and the matrix of an Angel matrix directory, every partition checked.
 
     Nothing is allocated before the declared sizes are checked against the bytes present: the
     partitions must tile the matrix (a missing one is an error, never zeros), and each must hold
-    at least as many bytes as its values need in its layout.
+    at least as many bytes as its values need in its layout (every value for a dense row type, the
+    element counts its metadata declares for a sparse one). Text formats are split at ``sep``, a
+    regular expression as Angel's reader uses it (``text.format.filed.sep``); found in each file when None.
     """
+    meta, out, _ = _read_angel(matrix_dir, sep)
+    return meta, out
+
+
+def _declared(fmt: str, pm: dict, size: tuple[int, int], dense: bool, pid: str, where: Location) -> int:
+    """How many values a partition holds: all of them for a dense row type; as its metadata says for a sparse one
+    (a row format: the rows' elementNum; a column format: saveColNum x saveColElemNum)."""
+    if dense:
+        return size[0] * size[1]
+    if fmt.endswith("column"):
+        return _int(pm.get("saveColNum"), f"partition {pid}: saveColNum", where) * _int(pm.get("saveColElemNum"), f"partition {pid}: saveColElemNum", where)
+    metas = pm.get("rowMetas", {})
+    if not isinstance(metas, dict):
+        raise DataError(f"partition {pid}: rowMetas must be a mapping", where)
+    return sum(_int(m.get("elementNum") if isinstance(m, dict) else None, f"partition {pid}: rowMetas[{k!r}].elementNum", where)
+               for k, m in metas.items())
+
+
+def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[dict, np.ndarray, dict[str, str]]:
+    """read_angel, and the separator each text partition was split at (by partId)."""
     d = os.fspath(matrix_dir)
     mpath = os.path.join(d, "_meta")
     mwhere = Location(mpath)
@@ -198,7 +295,7 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         raise DataError(f"unknown formatClassName {cls!r} (xser reads the 8 built-in formats){did_you_mean(str(cls), known)}", mwhere)
     try:
         rt = _int(meta.get("rowType"), "rowType", mwhere)
-        vdtype, long_ids, dense = row_type(rt)
+        vdtype, long_ids, dense = angel_row_type(rt)
     except ValueError as e:
         raise DataError(f"_meta: {e}", mwhere) from None
     if not dense and fmt.startswith("value"):
@@ -230,14 +327,15 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
             "as a hash table",
             mwhere,
         )
-    for (_, size), (_, pid, _, _, _, length) in zip(boxes, reads):
-        need = size[0] * size[1] * _MIN_BYTES[fmt]
+    for (_, size), (_, pid, pm, _, _, length) in zip(boxes, reads):
+        values = _declared(fmt, pm, size, dense, pid, mwhere)
+        need = values * _MIN_BYTES[fmt]
         if length < need:
-            raise DataError(
-                f"partition {pid}: {length} bytes cannot hold its {size[0]}x{size[1]} values ({fmt} needs at least {need})", mwhere
-            )
+            what = f"its {size[0]}x{size[1]} values" if dense else f"the {values} values its metadata declares"
+            raise DataError(f"partition {pid}: {length} bytes cannot hold {what} ({fmt} needs at least {need})", mwhere)
     out = np.zeros((rows, cols), vdtype.newbyteorder("="))
-    for _, pid, pm, path, offset, length in sorted(reads):
+    seps: dict[str, str] = {}
+    for _, pid, pm, path, offset, length in sorted(reads, key=lambda r: (r[0], r[1])):
         try:
             with open(path, "rb") as fh:
                 if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
@@ -251,12 +349,14 @@ def read_angel(matrix_dir: str | os.PathLike) -> tuple[dict, np.ndarray]:
         if len(data) != length:
             raise DataError(f"partition {pid} is truncated: {len(data)} of {length} bytes at offset {offset}", Location(path))
         try:
-            decode_partition(out, pm, data, fmt, vdtype, long_ids, path, dense=dense)
+            found = decode_partition(out, pm, data, fmt, vdtype, long_ids, path, sep=sep, dense=dense, sep_regex=sep is not None)
+            if found is not None and data:
+                seps[pid] = found
         except DataError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, struct.error, AttributeError) as e:
             raise DataError(f"partition {pid}: malformed metadata or data ({type(e).__name__}: {e})", Location(path)) from None
-    return meta, out
+    return meta, out, seps
 
 
 def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:
@@ -274,20 +374,33 @@ def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:
         raise DataError(f"partitions do not cover the matrix: {e}", where) from None
 
 
-def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
-    """Make an xser model (one ``!AngelMatrix``) of an Angel matrix directory; returns its subcollection name."""
+def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
+                 sep: str | None = None) -> str:
+    """Make an xser model (one ``!AngelMatrix``) of an Angel matrix directory; returns its subcollection name.
+
+    ``sep``: the text formats' separator, a regular expression as Angel's reader takes it (found in the files
+    when None). The model's metadata records the layout (``angel_layout``: format, separator, row type, the
+    partitions and their files, the rest of ``_meta``), which ``export_angel`` uses when not told otherwise."""
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    meta, values = read_angel(matrix_dir)
+    meta, values, seps = _read_angel(matrix_dir, sep)
     name = fresh_name(AngelMatrix)
     dtype = "float32" if values.dtype == np.float32 else str(values.dtype)
     tree = Tagged("!AngelMatrix", {"name": str(meta.get("matrixName", "")), "rows": values.shape[0], "cols": values.shape[1],
                                    "dtype": dtype, "xser_subcol_name": name})
     text = spec_header(os.fspath(out)) + dump({"xser_format": SPEC_FORMAT, "name": str(meta.get("matrixName")), "experiment": tree})
     info = {k: v for k, v in meta.items() if k != "partMetas"}
-    meta_out = {"training": {"imported_from": os.path.abspath(os.fspath(matrix_dir)), "angel_meta": info}}
+    parts = sorted(meta["partMetas"].items(), key=lambda kv: (str(kv[1]["fileName"]), kv[1]["offset"], str(kv[0])))
+    layout = {
+        "format": BY_CLASS[meta["formatClassName"]], "row_type": meta["rowType"],
+        "sep": sep if sep is not None else next(iter(seps.values()), ","),
+        "partitions": [[int(pid) if str(pid).lstrip("-").isdigit() else pid, pm["startRow"], pm["endRow"], pm["startCol"], pm["endCol"],
+                        pm["fileName"]] for pid, pm in parts],
+        "meta": info,
+    }
+    meta_out = {"training": {"imported_from": os.path.abspath(os.fspath(matrix_dir)), "angel_meta": info, "angel_layout": layout}}
     write_new_model(os.fspath(out), [Snapshot(text, {name: {"values": (values, True)}}, meta_out)], SaveOptions(durable), force=force)
     return name

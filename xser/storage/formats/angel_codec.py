@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import warnings
-
 import numpy as np
 
 from ...errors import DataError, Location
-from .java_text import java_string, parse_java
-from .java_vector import decimal6_chars, int_chars, java_chars, join_records
+from .angel_text import fields, first_lines, infer_sep, number_column
+from .java_text import java_string
+from .java_vector import decimal6_chars, java_chars, join_records, long_chars
 
 __all__ = ["ANGEL_FORMATS", "BY_CLASS", "PACKAGE", "PARTITIONS_PER_FILE", "decode_partition", "encode_partition", "java_string", "row_type"]
 
@@ -77,64 +76,149 @@ def row_type(rt: int) -> tuple[np.dtype, bool, bool]:
 # ---------------------------------------------------------------- writing
 
 
-def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str, is_float: bool, sep: str) -> bytes:
-    vfmt = ">f" if is_float else ">d"
+#: what Angel's ``MatrixPartitionMeta.write(JSONObject)`` lists ``rowMetas`` in: a ``new HashMap<>()`` (default
+#: capacity 16), filled in the order the rows were written
+ROWMETAS_CAPACITY = 16
+
+
+def rowmetas_order(row_ids: list[int]) -> list[int]:
+    """The order of the ``rowMetas`` keys in ``_meta`` for rows written in ``row_ids`` order."""
+    return hashmap_order(row_ids, ROWMETAS_CAPACITY)
+
+
+def row_type_of(dtype: np.dtype, long_ids: bool = False, dense: bool = True) -> int:
+    """Angel's RowType number for values of ``dtype`` (T_FLOAT_DENSE = 7, T_DOUBLE_SPARSE_LONGKEY = 5, ...)."""
+    group = {("f", 8): 0, ("f", 4): 1, ("i", 8): 2, ("i", 4): 3}.get((dtype.kind, dtype.itemsize))
+    if group is None:
+        raise ValueError(f"Angel stores float32, float64, int32 or int64 values, not {dtype}")
+    kind = (2 if long_ids else 0) if dense else (5 if long_ids else 3)
+    return 7 * group + kind
+
+
+def _value_chars(v: np.ndarray, vtype: np.dtype, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """Value text as Angel writes it: String.valueOf (float, double, int, long); DecimalFormat("#.######") for
+    double values of the row-id text format."""
+    if vtype.kind in "iu":
+        return long_chars(v)
+    if vtype.itemsize == 4:
+        return java_chars(v, True)
+    return decimal6_chars(v) if fmt == "rowid-colid-value-text" else java_chars(v, False)
+
+
+def encode_box(w: np.ndarray, box: tuple[int, int, int, int], fmt: str, vtype: np.dtype, long_ids: bool, dense: bool,
+               sep: str) -> tuple[bytes, list[tuple[int, int]], int, int]:
+    """One partition (rows ``r0:r1``, columns ``c0:c1`` of ``w``) as Angel's default row storage writes it.
+
+    Rows go in ascending id order (``DenseServerRowsStorage``, Angel's default for every row type). A dense row
+    type writes every column; a sparse one the non-zero columns, ascending (``sortFirst``). Column formats write the
+    columns of a dense row, or the non-zero columns of the first row (Angel's ``ColumnFormat``; values of other rows
+    elsewhere would be lost, so they are refused). Returns the bytes, ``(rowId, elementNum)`` per row in write
+    order, and ``saveColNum``, ``saveColElemNum``.
+    """
+    r0, r1, c0, c1 = box
+    vt = np.dtype(vtype).newbyteorder(">")
+    idt = ">i8" if long_ids else ">i4"
     part = w[r0:r1, c0:c1]
     rows, cols = part.shape
+    sep_b = sep.encode("latin-1")
     if fmt.endswith("column"):
-        if fmt == "binary-column":  # per column: its id (int32) then its values, big-endian; vectorised
-            rec = np.empty(cols, np.dtype([("c", ">i4"), ("v", vfmt, (rows,))]))
-            rec["c"] = np.arange(c0, c0 + cols)
-            rec["v"] = part.T
-            return rec.tobytes()
-        ids = int_chars(np.arange(c0, c0 + cols))
-        vals = java_chars(part.T, is_float)  # column by column, one value per row
-        return join_records([ids, (vals[0].reshape(cols, rows, -1), vals[1].reshape(cols, rows))], sep.encode("latin-1"))
-    if fmt == "value-binary":  # the values, big-endian, row by row: one byte-swapping copy
-        return part.astype(vfmt).tobytes()
-    if fmt.endswith("binary"):  # one record per value, row by row; vectorised as a structured array
-        fields = {"value-binary": [], "colid-value-binary": [("c", ">i4")], "rowid-colid-value-binary": [("r", ">i4"), ("c", ">i4")]}[fmt]
-        rec = np.empty((rows, cols), np.dtype(fields + [("v", vfmt)]))
-        if fmt != "value-binary":
-            rec["c"] = np.arange(c0, c0 + cols)[None, :]
-        if fmt == "rowid-colid-value-binary":
-            rec["r"] = np.arange(r0, r0 + rows)[:, None]
-        rec["v"] = part
-        return rec.tobytes()
-    if part.size == 0:
-        return b""
-    values = decimal6_chars(part) if fmt == "rowid-colid-value-text" and not is_float else java_chars(part, is_float)
-    fields = [values]
+        if dense:
+            col_ids = np.arange(c0, c1)
+        else:
+            first = np.flatnonzero(part[0] != 0) if rows else np.empty(0, np.int64)
+            outside = np.ones(cols, bool)
+            outside[first] = False
+            bad = np.argwhere(part[:, outside] != 0)
+            if bad.size:
+                r, k = bad[0]
+                raise DataError(f"{fmt} with a sparse row type writes the non-zero columns of the partition's first row "
+                                f"(row {r0}) only: row {r0 + int(r)} has a value in column {c0 + int(np.flatnonzero(outside)[k])}, "
+                                "which Angel would drop; use a row format or a dense row type")
+            col_ids = c0 + first
+        vals = part[:, col_ids - c0].T  # (columns, rows)
+        counts = [cols] * rows if dense else np.count_nonzero(part, axis=1).tolist()
+        metas = [(r0 + i, int(n)) for i, n in enumerate(counts)]
+        if fmt == "binary-column":
+            rec = np.empty(len(col_ids), np.dtype([("c", idt), ("v", vt, (rows,))]))
+            rec["c"] = col_ids
+            rec["v"] = vals
+            return rec.tobytes(), metas, len(col_ids), rows
+        if not len(col_ids):
+            return b"", metas, 0, rows
+        chars, lengths = _value_chars(vals, vt, fmt)
+        data = join_records([long_chars(col_ids), (chars.reshape(len(col_ids), rows, -1), lengths.reshape(len(col_ids), rows))], sep_b)
+        return data, metas, len(col_ids), rows
+    if dense:
+        r = np.repeat(np.arange(r0, r1), cols)
+        c = np.tile(np.arange(c0, c1), rows)
+        v = part.reshape(-1)
+        metas = [(r0 + i, cols) for i in range(rows)]
+    else:
+        if fmt.startswith("value"):
+            raise DataError(f"{fmt} keeps no column ids, so a sparse row type's non-zero values would lose their columns; "
+                            "use a colid-value or rowid-colid-value format, or a dense row type")
+        rr, cc = np.nonzero(part)  # row by row, columns ascending
+        r, c, v = r0 + rr, c0 + cc, part[rr, cc]
+        metas = [(r0 + i, int(n)) for i, n in enumerate(np.bincount(rr, minlength=rows).tolist())]
+    if fmt.endswith("binary"):
+        fields = {"value-binary": [], "colid-value-binary": [("c", idt)], "rowid-colid-value-binary": [("r", ">i4"), ("c", idt)]}[fmt]
+        rec = np.empty(v.size, np.dtype(fields + [("v", vt)]))
+        if "c" in rec.dtype.names:
+            rec["c"] = c
+        if "r" in rec.dtype.names:
+            rec["r"] = r
+        rec["v"] = v
+        return rec.tobytes(), metas, 0, 0
+    if not v.size:
+        return b"", metas, 0, 0
+    text = [_value_chars(v, vt, fmt)]
     if fmt != "value-text":
-        fields.insert(0, int_chars(np.tile(np.arange(c0, c0 + cols), rows)))
+        text.insert(0, long_chars(c))
     if fmt == "rowid-colid-value-text":
-        fields.insert(0, int_chars(np.repeat(np.arange(r0, r0 + rows), cols)))
-    return join_records(fields, sep.encode("latin-1"))
+        text.insert(0, long_chars(r))
+    return join_records(text, sep_b), metas, 0, 0
 
 
-_NUMBER_CHARS = frozenset("0123456789+-.eEInfityNa\xfd\x1e")  # \xfd, \x1e: JDK 8 DecimalFormat NaN, infinity
+def encode_partition(w: np.ndarray, r0: int, r1: int, c0: int, c1: int, fmt: str, is_float: bool, sep: str) -> bytes:
+    """A dense float partition's bytes (int column ids)."""
+    return encode_box(w, (r0, r1, c0, c1), fmt, np.dtype(">f4" if is_float else ">f8"), False, True, sep)[0]
 
 
-def detect_sep(line: str) -> str:
-    """The separator of an Angel text line: its first character that cannot be part of a number (',' if none)."""
-    return next((ch for ch in line if ch not in _NUMBER_CHARS), ",")
+def _row_metas(pm: dict, where: Any) -> list[tuple[int, int]]:
+    """``(rowId, elementNum)`` of every rowMeta, ascending by rowId: the order Angel's default row storage wrote
+    the rows in (``rowMetas`` itself is in HashMap order, whatever the order of the data)."""
+    metas = pm.get("rowMetas", {})
+    if not isinstance(metas, dict):
+        raise DataError("rowMetas must be a mapping", where)
+    out = []
+    for key, m in metas.items():
+        if not isinstance(m, dict):
+            raise DataError(f"rowMetas[{key!r}] must be a mapping", where)
+        row, n = m.get("rowId"), m.get("elementNum")
+        for what, x in (("rowId", row), ("elementNum", n)):
+            if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < 1 << 62:
+                raise DataError(f"rowMetas[{key!r}].{what} must be an int >= 0, got {x!r}", where)
+        out.append((row, n))
+    out.sort()
+    if len({r for r, _ in out}) != len(out):
+        raise DataError("rowMetas list a row twice", where)
+    return out
 
 
 def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str,
-                     sep: str | None = None, dense: bool = True) -> None:
-    """Put one partition's values into ``out``.
+                     sep: str | None = None, dense: bool = True, sep_regex: bool = False) -> str | None:
+    """Put one partition's values into ``out``; returns the separator of a text format (None for binary).
 
-    Rows without row ids in the data come in storage order: ascending with Angel's dense row storage
-    (``dense``: a dense rowType; ``rowMetas`` is then in HashMap order, which Angel itself misreads),
-    ``rowMetas`` order otherwise (a sparse rowType's map storage writes rows as it lists them). Column
-    formats sort their rows by id.
+    Every row goes where the ``rowId`` of its rowMeta says, never by the rowMeta's position: formats without row
+    ids in the data hold the rows in ascending id order (Angel's default row storage writes them so, for every
+    row type), each with the ``elementNum`` of its rowMeta; the row-id formats carry their ids. Column formats
+    sort their rows by id too. ``sep``: the separator, found from the first line when None (a literal string);
+    with ``sep_regex`` a regular expression applied as Java's ``String.split`` (as Angel's reader does).
     """
     r0, c0 = int(pm["startRow"]), int(pm["startCol"])
-    rows_meta = list(pm.get("rowMetas", {}).values())
-    if dense or fmt.endswith("column"):
-        rows_meta.sort(key=lambda m: int(m["rowId"]))
-    idt = ">i8" if long_ids else ">i4"
     where = Location(path, path=f"partition {pm['partId']}")
+    counts = _row_metas(pm, where)
+    idt = ">i8" if long_ids else ">i4"
 
     if fmt.endswith("binary") or fmt == "binary-column":
         rec = {"value-binary": [("v", vdtype)], "colid-value-binary": [("c", idt), ("v", vdtype)],
@@ -145,7 +229,9 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
             if len(data) != dt.itemsize * n_cols:
                 raise DataError(f"{len(data)} bytes, {n_cols} columns of {n_rows} values need {dt.itemsize * n_cols}", where)
             recs = np.frombuffer(data, dt)
-            row_ids = np.array([int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + n_rows)), np.int64)
+            row_ids = np.array([row for row, _ in counts] or list(range(r0, r0 + n_rows)), np.int64)
+            if len(row_ids) != n_rows:
+                raise DataError(f"saveColElemNum is {n_rows}, rowMetas list {len(row_ids)} rows", where)
             if out.shape == (n_rows, n_cols) and _is_range(row_ids, out.shape[0]) and _is_range(recs["c"], out.shape[1]):
                 out[...] = recs["v"].T  # the whole matrix, in order: one transposed copy
                 return
@@ -156,7 +242,6 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
         if len(data) % dt.itemsize:
             raise DataError(f"{len(data)} bytes is not a whole number of {dt.itemsize}-byte records", where)
         recs = np.frombuffer(data, dt)
-        counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
         total = sum(n for _, n in counts)
         if total != len(recs):
             raise DataError(f"{len(recs)} records, the row metadata says {total}", where)
@@ -172,91 +257,32 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
         else:  # value-binary: the columns follow each row's start
             c = c0 + np.concatenate([np.arange(n) for _, n in counts]) if counts else np.empty(0, np.int64)
         place(r, c, recs["v"], out, where)
-        return
+        return None
     if sep is None:
-        first = data[: data.find(b"\n")] if b"\n" in data else data
-        sep = detect_sep(first.decode("latin-1"))
+        sep = infer_sep(first_lines(data, 64), fmt)
     if fmt == "text-column":
-        row_ids = np.array([int(m["rowId"]) for m in rows_meta] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0)))), np.int64)
-        table = _fields(data, sep, 1 + len(row_ids), path, f"a column id and {len(row_ids)} values")
-        cols = _column(table[:, 0], np.dtype(np.int64), path, 0)
-        vals = np.stack([_column(table[:, 1 + k], vdtype, path, 1 + k) for k in range(len(row_ids))], axis=1) if len(row_ids) else \
+        row_ids = np.array([row for row, _ in counts] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0)))), np.int64)
+        table = fields(data, sep, 1 + len(row_ids), path, f"a column id and {len(row_ids)} values", sep_regex)
+        cols = number_column(table[:, 0], np.dtype(np.int64), path, 0)
+        vals = np.stack([number_column(table[:, 1 + k], vdtype, path, 1 + k) for k in range(len(row_ids))], axis=1) if len(row_ids) else \
             np.empty((len(cols), 0), vdtype)
         place(np.repeat(row_ids[None, :], len(cols), 0).reshape(-1), np.repeat(cols, len(row_ids)), vals.reshape(-1), out, where)
-        return
+        return sep
     n_fields = {"value-text": 1, "colid-value-text": 2, "rowid-colid-value-text": 3}[fmt]
-    table = _fields(data, sep, n_fields, path, str(n_fields))
-    counts = [(int(m["rowId"]), int(m["elementNum"])) for m in rows_meta]
+    table = fields(data, sep, n_fields, path, str(n_fields), sep_regex)
     if sum(n for _, n in counts) != len(table):
         raise DataError(f"{len(table)} records, the row metadata says {sum(n for _, n in counts)}", where)
-    v = _column(table[:, -1], vdtype, path, n_fields - 1)
+    v = number_column(table[:, -1], vdtype, path, n_fields - 1)
     if fmt == "rowid-colid-value-text":
-        r = _column(table[:, 0], np.dtype(np.int64), path, 0)
+        r = number_column(table[:, 0], np.dtype(np.int64), path, 0)
     else:
         r = np.repeat(np.array([row for row, _ in counts], np.int64), [n for _, n in counts])
     if fmt == "value-text":  # the columns follow each row's start
         c = c0 + np.concatenate([np.arange(n) for _, n in counts]) if counts else np.empty(0, np.int64)
     else:
-        c = _column(table[:, -2], np.dtype(np.int64), path, n_fields - 2)
+        c = number_column(table[:, -2], np.dtype(np.int64), path, n_fields - 2)
     place(r, c, v, out, where)
-
-
-def _fields(data: bytes, sep: str, n: int, path: str, expected: str) -> np.ndarray:
-    """The lines of ``data`` split at ``sep`` into an (lines, n) table: float64 numbers when C's parser
-    reads every field exactly (plain numbers, ints below 2^53), else byte strings; wrong field counts are errors."""
-    if not data:
-        return np.empty((0, n))
-    body = data[:-1] if data.endswith(b"\n") else data
-    raw = np.frombuffer(body, np.uint8)
-    sep_b = sep.encode("latin-1")
-    if len(sep_b) == 1:
-        ends = np.concatenate([np.flatnonzero(raw == 10), [raw.size]])
-        at = np.searchsorted(np.flatnonzero(raw == sep_b[0]), ends)  # separators before each line end
-        per_line = np.diff(np.concatenate([[0], at])) + 1
-    else:
-        per_line = np.array([line.count(sep_b) + 1 for line in body.split(b"\n")])
-    bad = np.flatnonzero(per_line != n)
-    if bad.size:
-        k = int(bad[0])
-        raise DataError(f"{int(per_line[k])} fields separated by {sep!r}, {expected} expected", Location(path, k + 1))
-    flat = body.replace(b"\n", sep_b) if n > 1 else body
-    if b" " not in flat and b"\t" not in flat:  # C's parser, whitespace-separated (fields with blanks go the slow way)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            try:
-                numbers = np.fromstring(flat.replace(sep_b, b" ").decode("latin-1"), sep=" ")
-            except (ValueError, DeprecationWarning):
-                numbers = None
-        if numbers is not None and numbers.size == per_line.size * n and not (np.isfinite(numbers) & (np.abs(numbers) >= 2.0**53)).any():
-            return numbers.reshape(-1, n)
-    tokens = flat.split(sep_b) if n > 1 else body.split(b"\n")
-    return np.array(tokens, dtype=object).reshape(-1, n)
-
-
-def _column(tokens: np.ndarray, dtype: np.dtype, path: str, field: int) -> np.ndarray:
-    """One field of every line as numbers: numpy's parser, then Java's names of NaN and infinity, then the line at fault."""
-    native = dtype.newbyteorder("=")
-    if tokens.dtype == np.float64:  # parsed already: integers are exact below 2^53, floats round once
-        if native.kind in "iu":
-            whole = np.isfinite(tokens) & (tokens == np.floor(tokens)) & (np.abs(tokens) < 2.0**53)
-            if whole.all():
-                return tokens.astype(native)
-            k = int(np.flatnonzero(~whole)[0])
-            raise DataError(f"field {field + 1} is not an integer: {float(tokens[k])!r}", Location(path, k + 1))
-        return tokens.astype(native)
-    try:
-        return tokens.astype(bytes).astype(native) if tokens.size else np.empty(0, native)
-    except (ValueError, OverflowError):
-        pass
-    out = np.empty(tokens.size, native)
-    for k, tok in enumerate(tokens.tolist()):
-        text = tok.decode("latin-1")
-        try:
-            out[k] = int(text) if native.kind in "iu" else parse_java(text)
-        except (ValueError, OverflowError):
-            what = "an integer" if native.kind in "iu" else "a number"
-            raise DataError(f"field {field + 1} is not {what}: {text!r}", Location(path, k + 1)) from None
-    return out
+    return sep
 
 
 def _is_range(ids: np.ndarray, n: int) -> bool:

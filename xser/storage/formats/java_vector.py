@@ -17,7 +17,7 @@ import numpy as np
 from .float_text import decimal_digits
 from .java_text import decimal6, java_string, scales
 
-__all__ = ["decimal6_chars", "int_chars", "java_chars", "join_records"]
+__all__ = ["decimal6_chars", "int_chars", "java_chars", "join_records", "long_chars"]
 
 @functools.cache
 def _float_scales() -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +65,14 @@ def int_chars(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros((v.size, int(n.max()) if v.size else 1), np.uint8)
     _digits_at(out, np.arange(v.size), np.zeros(v.size, np.int64), v, n)
     return out, n
+
+
+def long_chars(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``String.valueOf`` of Java ints or longs (signed int64s) in the (n, width) form."""
+    v = np.asarray(values, np.int64).reshape(-1)
+    if not v.size or v.min() >= 0:
+        return int_chars(v)
+    return _text_chars([str(x) for x in v.tolist()])
 
 
 def join_records(fields: list[tuple[np.ndarray, np.ndarray]], sep: bytes) -> bytes:
