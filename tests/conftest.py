@@ -34,3 +34,18 @@ from hypothesis import settings as _settings  # noqa: E402
 #: `pytest --hypothesis-profile=fuzz`: the long fuzz run (tests/test_fuzz.py uses the profile's example count)
 _settings.register_profile("fuzz", max_examples=5000)
 _settings.register_profile("fuzz-mid", max_examples=1000)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "campaign: a long stress campaign (minutes); run with `-m campaign`")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    if "campaign" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="a long campaign: run with -m campaign")
+    for item in items:
+        if "campaign" in item.keywords:
+            item.add_marker(skip)

@@ -26,7 +26,6 @@ from .spec import read
 from .spec.saved import is_saved, open_saved
 from .storage import training_state
 from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, selector
-from .storage.listing import checkpoints as list_checkpoints
 from .storage.opened import CheckpointVanished, gather
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
@@ -342,7 +341,7 @@ def resume(
             model = build_spec(spec, mmap=mmap, verify=verify, device=device)
             state = _state_of(data, mmap) if data.manifest.state is not None else None
             record = checkpoint_record(data)
-        index = next((c.index for c in list_checkpoints(path) if c.id is not None and c.id == record.id), 0)
+            index = data.index or 0  # its place in the listing it was chosen from
         return Resumed(model, state, record.step, attrs.evolve(record, index=index))
 
     return retrying(path, once)

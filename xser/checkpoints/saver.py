@@ -170,7 +170,7 @@ def save_locked(
 ) -> SaveReport:
     """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
     refuse_special_spec(path)
-    with scan(path) as s:
+    with scan(path, saver=True) as s:
         aside = recover(path, s, durable=options.durable)
         existing = s.listed
         edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
@@ -257,7 +257,7 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
     """
     with ModelLock(out), os_errors(out):
         refuse_special_spec(out)
-        with scan(out) as s:
+        with scan(out, saver=True) as s:
             recover(out, s, durable=options.durable)
             old = [c.path for c, _ in s.listed]
             if (os.path.exists(out) or old) and not force:

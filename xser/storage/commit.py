@@ -25,7 +25,9 @@ import attrs
 
 from ..errors import DataError, Location
 from .fsutil import fsync_dir, makedirs_durable, os_error
+from .dirhandle import O_DIR
 from .layout import OLD_MARK, leftovers, temp_name
+from .lock import claim
 from .manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
 from .plan import Plan
 from .write import READ_ONLY, WriteResult
@@ -42,6 +44,8 @@ __all__ = [
     "remove_leftovers",
     "remove_tree",
     "stage",
+    "to_trash",
+    "discard",
     "write_text_atomic",
 ]
 
@@ -188,11 +192,38 @@ def publish(tmp: str, target: str, trash_base: str) -> str | None:
     return old
 
 
-def remove_tree(path: str, trash_base: str) -> None:
-    """Make a directory disappear in one rename (to a trash name), then delete it."""
+def to_trash(path: str, trash_base: str) -> str:
+    """Make a directory disappear from its name in one rename, to a trash name (``trash_base.old-*``); return it."""
     trash = temp_name(trash_base, OLD_MARK)
     os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    return trash
+
+
+def remove_tree(path: str, trash_base: str) -> str:
+    """Make a directory disappear in one rename (to a trash name), then delete it unless a reader has it
+    pinned (``discard``). Returns the trash name."""
+    trash = to_trash(path, trash_base)
+    discard(trash)
+    return trash
+
+
+def discard(path: str) -> bool:
+    """Delete a directory that is no longer a checkpoint (a trash or temporary name), unless a reader has it
+    open (``lock.pin``): then it stays, and a later save removes it (``remove_leftovers``). True if deleted."""
+    try:
+        fd = os.open(path, O_DIR)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
+    try:
+        if not claim(fd):
+            return False
+        shutil.rmtree(path, ignore_errors=True)  # under the exclusive lock: no reader pins it meanwhile
+        return True
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
@@ -245,14 +276,16 @@ def remove_file(path: str, *, durable: bool = True) -> None:
 
 
 def remove_leftovers(spec_path: str) -> list[str]:
-    """Remove what interrupted saves and prunes of this model left: ``*.tmp-*`` and ``*.old-*``.
+    """Remove what interrupted saves and prunes of this model left: ``*.tmp-*`` and ``*.old-*``, except
+    checkpoints a reader still has open (``discard``). Returns what it removed.
 
     Call only while holding the model's lock (no live saver is using them then).
     """
     removed = []
     for full in leftovers(spec_path):
         if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full, ignore_errors=True)
+            if not discard(full):
+                continue  # a checkpoint a reader still reads (pruned or replaced under it): removed by a later save
         else:
             try:
                 os.unlink(full)

@@ -17,7 +17,7 @@ from ..errors import CheckpointError, DataError, Location
 from .checksums import digest_stream
 from .checksums import verify as check_digest
 from .fsutil import O_READ, require_regular
-from .layout import OLD_MARK
+from .layout import OLD_MARK, TMP_MARK
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "O_DIR", "O_FILE"]
 
@@ -131,9 +131,9 @@ class DirHandle:
         except OSError:
             return True
         proc = f"/proc/self/fd/{self.fd}"
-        try:
+        try:  # deleted, or renamed to a trash name (pruned) or a temporary one (exchanged out by xser.save)
             now = os.readlink(proc)
-            return now.endswith(" (deleted)") or OLD_MARK in os.path.basename(now)
+            return now.endswith(" (deleted)") or OLD_MARK in os.path.basename(now) or TMP_MARK in os.path.basename(now)
         except OSError:
             pass
         try:  # no /proc: the directory's name must still lead to it

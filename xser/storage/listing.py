@@ -13,6 +13,7 @@ xser is an error naming the version, never silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import attrs
 
 from ..errors import CheckpointError, DataError, Location, did_you_mean
 from .layout import data_dir_of, slot_names
+from .lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
 
@@ -69,6 +71,29 @@ class Scan:
     def __enter__(self) -> Scan:
         return self
 
+    def take(self, checkpoint: int | Best) -> OpenedDir:
+        """Checkpoint ``checkpoint`` (an index, 0 = newest, or a ``Best``) of this listing, handed over to the caller
+        (who closes it); its ``index`` is its place here. Errors name what the listing holds."""
+        found = self.listed
+        path = self.spec_path
+        if isinstance(checkpoint, Best) and found:  # chosen in this listing, so the choice and the data agree
+            top = best_n([c for c, _ in found], 1, checkpoint.metric, checkpoint.mode)
+            if not top:
+                seen = sorted({k for c, _ in found for k in c.metrics})
+                raise CheckpointError(
+                    f"no checkpoint records a number for metric {checkpoint.metric!r} (recorded: {', '.join(seen) or 'no metrics'})"
+                    f"{did_you_mean(checkpoint.metric, seen)}", Location(path))
+            checkpoint = top[0]
+        if isinstance(checkpoint, int) and checkpoint < len(found):
+            d = found.pop(checkpoint)[1]
+            d.index = checkpoint
+            return d
+        if not found:
+            if self.damaged:
+                raise DataError(self.damaged[0][1], Location(self.damaged[0][0]))
+            raise DataError("data directory not found (was the model saved with xser.save?)", Location(data_dir_of(path, 0)))
+        raise CheckpointError(f"no checkpoint {checkpoint}: the model has {len(found)} (0 to {len(found) - 1})", Location(path))
+
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
@@ -82,37 +107,22 @@ def _record(index: int, d: OpenedDir) -> Checkpoint:
     )
 
 
-def scan(spec_path: str | os.PathLike) -> Scan:
-    """Open every slot of the model and sort them into checkpoints, foreign and damaged ones."""
+def scan(spec_path: str | os.PathLike, *, saver: bool = False) -> Scan:
+    """Open every slot of the model and sort them into checkpoints, foreign and damaged ones.
+
+    A reader lists under the shared listing lock (``lock.ListingLock``: no rotation is half done
+    meanwhile) and pins every checkpoint it opens (no saver deletes it while it is open). ``saver``:
+    the caller holds the model lock, so nothing moves; its checkpoints are opened unpinned.
+    """
     spec_path = os.fspath(spec_path)
     for attempt in range(ATTEMPTS):
-        slots = slot_names(spec_path)
-        opened: list[tuple[int, OpenedDir]] = []
-        damaged: list[tuple[str, str]] = []
-        moved = False
-        for slot, path in slots:
-            try:
-                opened.append((slot, OpenedDir.open(path)))
-            except NewerFormatError as e:
-                for _, d in opened:
-                    d.close()
-                raise CheckpointError(
-                    f"checkpoint {os.path.basename(path)} was written by a newer xser (format_version {e.version}); "
-                    "upgrade xser to read or save this model",
-                    Location(path),
-                ) from None
-            except MissingDir:
-                moved = True  # renamed away while listing
-                break
-            except DataError as e:
-                damaged.append((path, e.message))
-        if not moved and _stable(spec_path, slots, opened):
-            break
+        with contextlib.nullcontext() if saver else ListingLock(spec_path, exclusive=False):
+            slots, opened, damaged, moved = _open_slots(spec_path, pin=not saver)
+        if (not moved and _stable(spec_path, slots, opened)) or attempt == ATTEMPTS - 1:
+            break  # (the last attempt is taken as it is: one checkpoint twice is dropped below)
         for _, d in opened:
             d.close()
         time.sleep(min(0.01, 0.0002 * (attempt + 1)))
-    else:  # pragma: no cover - a saver rotating non-stop for seconds: take the last listing, deduplicated
-        pass
     seen: set[str] = set()
     mine: list[OpenedDir] = []
     foreign: list[OpenedDir] = []
@@ -131,6 +141,29 @@ def scan(spec_path: str | os.PathLike) -> Scan:
             mine.append(d)
     listed = [(_record(i, d), d) for i, d in enumerate(mine)]
     return Scan(spec_path, listed, foreign, damaged, {p: s for s, p in slots})
+
+
+def _open_slots(spec_path: str, *, pin: bool) -> tuple[list[tuple[int, str]], list[tuple[int, OpenedDir]], list[tuple[str, str]], bool]:
+    """(slots, opened checkpoints, damaged slots, whether one moved away while listing) of one pass over the slots."""
+    slots = slot_names(spec_path)
+    opened: list[tuple[int, OpenedDir]] = []
+    damaged: list[tuple[str, str]] = []
+    for slot, path in slots:
+        try:
+            opened.append((slot, OpenedDir.open(path, pin=pin)))
+        except NewerFormatError as e:
+            for _, d in opened:
+                d.close()
+            raise CheckpointError(
+                f"checkpoint {os.path.basename(path)} was written by a newer xser (format_version {e.version}); "
+                "upgrade xser to read or save this model",
+                Location(path),
+            ) from None
+        except MissingDir:
+            return slots, opened, damaged, True  # renamed away while listing (a saver without the lock)
+        except DataError as e:
+            damaged.append((path, e.message))
+    return slots, opened, damaged, False
 
 
 def _stable(spec_path: str, slots: list[tuple[int, str]], opened: list[tuple[int, OpenedDir]]) -> bool:
@@ -222,30 +255,17 @@ def check_index(path: str, checkpoint: Any) -> Any:
 
 
 def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0) -> OpenedDir:
-    """Open checkpoint ``checkpoint`` (0 = newest, ``"last"``, or a ``Best``) of the model at ``path``; the caller closes it."""
+    """Open checkpoint ``checkpoint`` (0 = newest, ``"last"``, or a ``Best``) of the model at ``path``; the caller closes it.
+
+    The result's ``index`` is the checkpoint's place in the listing it was chosen from (0 = newest)."""
     path = os.fspath(path)
     checkpoint = 0 if checkpoint == "last" else check_index(path, checkpoint)
     if checkpoint == 0:
         try:
-            return OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
+            d = OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
+            d.index = 0
+            return d
         except MissingDir:
             pass  # none, or a saver is shifting it to .data.1 right now: the listing says what is newest
     with scan(path) as s:
-        found = s.listed
-        if isinstance(checkpoint, Best) and found:  # chosen in this listing, so the choice and the data agree
-            top = best_n([c for c, _ in found], 1, checkpoint.metric, checkpoint.mode)
-            if not top:
-                seen = sorted({k for c, _ in found for k in c.metrics})
-                raise CheckpointError(
-                    f"no checkpoint records a number for metric {checkpoint.metric!r} (recorded: {', '.join(seen) or 'no metrics'})"
-                    f"{did_you_mean(checkpoint.metric, seen)}", Location(path))
-            checkpoint = top[0]
-        if checkpoint < len(found):
-            d = found[checkpoint][1]
-            found.pop(checkpoint)
-            return d
-        if not found:
-            if s.damaged:
-                raise DataError(s.damaged[0][1], Location(s.damaged[0][0]))
-            raise DataError("data directory not found (was the model saved with xser.save?)", Location(data_dir_of(path, 0)))
-        raise CheckpointError(f"no checkpoint {checkpoint}: the model has {len(found)} (0 to {len(found) - 1})", Location(path))
+        return s.take(checkpoint)

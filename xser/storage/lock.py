@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX: no lock
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ModelLock"]
+__all__ = ["ListingLock", "ModelLock", "claim", "pin"]
 
 _HELD: weakref.WeakSet = weakref.WeakSet()
 
@@ -114,3 +114,111 @@ class ModelLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+# ---------------------------------------------------------------- readers and rotations
+#
+# Two more locks, both ``flock``s that the kernel drops when their holder dies (so a killed saver never
+# blocks a reader), and both released in a forked child at once:
+#
+# - the *listing lock*, on the directory that holds the model: a saver holds it exclusively while it
+#   renames slots (a rotation, a replacement, setting a damaged slot aside), a reader shares it while it
+#   lists the slots and opens them. A reader therefore never lists a rotation half done (a slot missing
+#   for a moment, or one checkpoint at two names); it waits for the renames (microseconds), not the save.
+# - a *pin* on each checkpoint directory a reader opened (shared, never waited for): a saver deletes a
+#   pruned or replaced checkpoint only if it can lock it exclusively at once; otherwise it leaves it under
+#   its trash name, and a later save removes it once no reader has it open. So a reader reads the
+#   checkpoint it opened whole, however long it takes, while the saver goes on.
+
+_LISTING: set[int] = set()  # descriptors of listing locks held by this process (closed in a forked child)
+_WAIT = 10.0  # seconds a reader waits for a rotation's renames before listing without the lock
+
+
+def _drop_listing_locks_in_child() -> None:
+    for fd in list(_LISTING):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LISTING.clear()
+
+
+os.register_at_fork(after_in_child=_drop_listing_locks_in_child)
+
+
+class ListingLock:
+    """The listing lock of the model at ``spec_path`` (see above): ``exclusive`` for a saver's renames.
+
+    Where the directory cannot be locked (no ``flock``, a file system without it) the lock is a no-op and
+    readers rely on their own check that nothing moved while they listed."""
+
+    def __init__(self, spec_path: str | os.PathLike, *, exclusive: bool) -> None:
+        self.dir = os.path.dirname(os.path.abspath(os.fspath(spec_path)))
+        self.exclusive = exclusive
+        self._fd: int | None = None
+
+    def __enter__(self) -> ListingLock:
+        if fcntl is None:  # pragma: no cover - not on POSIX
+            return self
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return self  # no directory yet (nothing to list) or no access: nothing to lock
+        try:  # readers hold it for microseconds, a saver for its renames: a wait is short (unless a holder is stopped)
+            _poll(fd, fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH)
+        except OSError:
+            os.close(fd)
+            return self
+        self._fd = fd
+        _LISTING.add(fd)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            _LISTING.discard(self._fd)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def _poll(fd: int, op: int) -> None:
+    """Take ``op`` on ``fd``, waiting at most ``_WAIT`` seconds (then ``TimeoutError``)."""
+    import time
+
+    deadline = time.monotonic() + _WAIT
+    pause = 0.0002
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+
+def pin(fd: int) -> bool:
+    """Share-lock an opened checkpoint directory so no saver deletes it while it is read; False if a saver is
+    deleting it right now (the reader starts over). Where locking is unsupported the directory is read unpinned."""
+    if fcntl is None:  # pragma: no cover - not on POSIX
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def claim(fd: int) -> bool:
+    """Lock a directory to delete it, at once or never: False if a reader has it pinned."""
+    if fcntl is None:  # pragma: no cover - not on POSIX
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True

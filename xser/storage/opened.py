@@ -35,6 +35,7 @@ from .formats.npy import map_fd
 from .dtypes import storage_of
 from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
 from .fsutil import require_regular
+from .lock import pin as pin_dir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 
@@ -50,12 +51,18 @@ class OpenedDir(DirHandle):
     def __init__(self, path: str, fd: int, manifest: Manifest) -> None:
         super().__init__(path, fd)
         self.manifest = manifest
+        self.index: int | None = None  # its place in the listing it was chosen from (0 = newest), if chosen from one
 
     # -- opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> OpenedDir:
-        """Open ``path`` and read its manifest; ``DataError`` if it is not a valid data directory."""
+    def open(cls, path: str | os.PathLike, *, pin: bool = True) -> OpenedDir:
+        """Open ``path`` and read its manifest; ``DataError`` if it is not a valid data directory.
+
+        ``pin``: share-lock the directory (``lock.pin``) so that no saver deletes it while it is open
+        (a saver holding the model lock opens its own checkpoints unpinned). A directory that a saver
+        is removing or has renamed away from its slot is ``MissingDir`` (the caller lists again), never
+        a "missing manifest"."""
         path = os.fspath(path)
         try:
             fd = os.open(path, O_DIR)
@@ -66,10 +73,17 @@ class OpenedDir(DirHandle):
                 raise DataError("not a directory (a data directory is never a symbolic link)", Location(path)) from None
             raise DataError(f"cannot open data directory: {e.strerror or e}", Location(path)) from None
         try:
-            raw = _read_small(fd, MANIFEST, os.path.join(path, MANIFEST))
-            if raw is None:
-                raise DataError("manifest.json is missing: not a complete xser data directory", Location(path))
-            return cls(path, fd, parse_manifest(raw, os.path.join(path, MANIFEST)))
+            if pin and not pin_dir(fd):
+                raise MissingDir("the checkpoint is being removed by a saver", Location(path))
+            try:
+                raw = _read_small(fd, MANIFEST, os.path.join(path, MANIFEST))
+                if raw is None:
+                    raise DataError("manifest.json is missing: not a complete xser data directory", Location(path))
+                return cls(path, fd, parse_manifest(raw, os.path.join(path, MANIFEST)))
+            except DataError:
+                if _gone(fd, path):  # pruned or replaced since it was opened (before the pin): not a damaged directory
+                    raise MissingDir("the checkpoint was removed while it was opened", Location(path)) from None
+                raise
         except BaseException:
             os.close(fd)
             raise
@@ -392,6 +406,17 @@ def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
 
 def _quick(e: ParamEntry) -> bool:
     return e.whole and e.blocks[0].format == "npy"
+
+
+def _gone(fd: int, path: str) -> bool:
+    """Whether the directory open at ``fd`` left its name ``path`` (deleted, or renamed to trash or a temporary)."""
+    try:
+        if os.fstat(fd).st_nlink == 0:
+            return True
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return True
+    return (st.st_dev, st.st_ino) != (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
 
 
 def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:

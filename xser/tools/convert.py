@@ -20,10 +20,9 @@ from ..checkpoints.saver import SaveOptions, write_new_model
 from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location
 from ..spec import dump, iter_tagged
-from ..spec.saved import absolute_paths, open_saved, relative_paths, spec_header
-from ..storage.listing import selector
+from ..spec.saved import SavedModel, absolute_paths, open_saved, relative_paths, spec_header, with_spec
 from ..storage import training_state
-from ..storage.listing import Checkpoint, checkpoints
+from ..storage.listing import scan, selector
 from ..storage.opened import OpenedDir
 from ..storage.payloads import from_entry
 
@@ -116,35 +115,51 @@ def convert(
 
     def once() -> ConvertReport:
         with open_saved(path, checkpoint) as saved:
-            data = saved.data
-            experiment = relative_paths(absolute_paths(saved.experiment, path, saved.doc), out)  # paths in the model's directory
-            tree = {"xser_format": saved.doc.tree["xser_format"], "name": saved.name, "experiment": experiment}
-            names = list(dict.fromkeys(spec_subcols(tree) + list(data.subcollections)))
-            mapping = fresh_names(names, set(names))
-            rename_subcols(tree, mapping)
-            meta = {
-                "step": data.meta.get("step"),
-                "metrics": data.meta.get("metrics") or {},
-                "training": {**(data.meta.get("training") or {}), "converted_from": os.path.basename(data.path),
-                             "converted_from_id": data.id},
-                "custom": data.meta.get("custom") or {},
-            }
-            state_tree = state_arrays = None
-            if keep_training_state and data.manifest.state is not None:
-                state_tree, state_arrays = training_state.encode(_training_state_files(data, verify))
-            text = spec_header(out) + dump(tree)
-            snap = Snapshot(text, linked_arrays(data, mapping, verify=verify), meta, {}, state_tree, state_arrays)
-            write_new_model(out, [snap], SaveOptions(durable), force=force)
-            return ConvertReport(data.path, out, mapping)
+            return _convert_opened(saved, path, out, keep_training_state=keep_training_state, durable=durable, force=force,
+                                   verify=verify)
 
     return retrying(path, once)
 
 
-def convert_all(path: str | os.PathLike, out: str | os.PathLike, **kw: Any) -> list[ConvertReport]:
-    """Convert every checkpoint: ``out.0.yaml`` (the newest), ``out.1.yaml``, ..."""
-    ckpts: list[Checkpoint] = checkpoints(path)
-    if not ckpts:
-        raise CheckpointError("the model has no checkpoints", Location(os.fspath(path)))
-    return [convert(path, numbered(os.fspath(out), c.index), checkpoint=c.index, **kw) for c in ckpts]
+def _convert_opened(saved: SavedModel, path: str, out: str, *, keep_training_state: bool, durable: bool, force: bool,
+                    verify: bool) -> ConvertReport:
+    data = saved.data
+    experiment = relative_paths(absolute_paths(saved.experiment, path, saved.doc), out)  # paths in the model's directory
+    tree = {"xser_format": saved.doc.tree["xser_format"], "name": saved.name, "experiment": experiment}
+    names = list(dict.fromkeys(spec_subcols(tree) + list(data.subcollections)))
+    mapping = fresh_names(names, set(names))
+    rename_subcols(tree, mapping)
+    meta = {
+        "step": data.meta.get("step"),
+        "metrics": data.meta.get("metrics") or {},
+        "training": {**(data.meta.get("training") or {}), "converted_from": os.path.basename(data.path),
+                     "converted_from_id": data.id},
+        "custom": data.meta.get("custom") or {},
+    }
+    state_tree = state_arrays = None
+    if keep_training_state and data.manifest.state is not None:
+        state_tree, state_arrays = training_state.encode(_training_state_files(data, verify))
+    text = spec_header(out) + dump(tree)
+    snap = Snapshot(text, linked_arrays(data, mapping, verify=verify), meta, {}, state_tree, state_arrays)
+    write_new_model(out, [snap], SaveOptions(durable), force=force)
+    return ConvertReport(data.path, out, mapping)
+
+
+def convert_all(path: str | os.PathLike, out: str | os.PathLike, *, keep_training_state: bool = False, durable: bool = True,
+                force: bool = False, verify: bool = True) -> list[ConvertReport]:
+    """Convert every checkpoint: ``out.0.yaml`` (the newest), ``out.1.yaml``, ... All come from one listing (a
+    saver rotating meanwhile neither shifts one checkpoint into two outputs nor leaves one out)."""
+    path, out = os.fspath(path), os.fspath(out)
+    if os.path.realpath(path) == os.path.realpath(out):
+        raise CheckpointError("the output is the input model; choose another --out", Location(out))
+
+    def once() -> list[ConvertReport]:
+        with scan(path) as s:
+            if not s.listed:
+                raise CheckpointError("the model has no checkpoints", Location(path))
+            return [_convert_opened(with_spec(path, data), path, numbered(out, c.index), keep_training_state=keep_training_state,
+                                    durable=durable, force=force, verify=verify) for c, data in s.listed]
+
+    return retrying(path, once)
 
 

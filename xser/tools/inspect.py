@@ -256,10 +256,25 @@ def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
     path = os.fspath(path)
 
     def once() -> ModelView:
-        with scan(path) as s:
+        with scan(path) as s:  # the checkpoint shown comes from the listing shown (one snapshot)
             ckpts, others = s.checkpoints, _others(s)
-        saved = open_saved(path, checkpoint)
-        return ModelView(path, saved, ckpts, others)
+            try:
+                data = s.take(checkpoint)
+            except DataError:
+                data = None
+        if data is None:
+            saved = open_saved(path, checkpoint)  # nothing to take: its error says why (no model, not a saved spec...)
+        else:
+            try:
+                saved = with_spec(path, data)
+            except BaseException:
+                data.close()
+                raise
+        try:
+            return ModelView(path, saved, ckpts, others)
+        except BaseException:
+            saved.close()
+            raise
 
     return retrying(path, once)
 
