@@ -87,8 +87,10 @@ class CheckpointError(XserError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return "; did you mean 'x'?" for the closest choice (same letters in another case first), or ""."""
-    choices = list(choices)
+    """Return "; did you mean 'x'?" for the closest choice (same letters in another case first), or "".
+
+    The word itself is never proposed: it was just rejected, so a choice equal to it is not the one meant."""
+    choices = [c for c in choices if c != word]
     same = [c for c in choices if c.lower() == word.lower()]
     close = same or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,19 +1,22 @@
 """Command-line overrides of a config, as Hydra users write them: ``small.model.hidden.out_dim=64``.
 
 The first part names the experiment, the rest walks mappings (by key), component arguments (any
-constructor argument of the class, set in the file or not) and lists (by index). The value is YAML
-(``64``, ``[1, 2]``, ``!Linear {in_dim: 4}``, ``null``); it is type-checked when the experiment is
-built, as a value from the file would be, and errors point at the override. ``+key=value`` adds a
+constructor argument of the class, set in the file or not; the arguments of ``!Repeat`` and
+``!RandomParam``) and lists (by index). The value is YAML (``64``, ``[1, 2]``, ``!Linear {in_dim: 4}``,
+``null``; a value that starts with a placeholder is quoted, ``"{EXP_DIR}/x"``); it is type-checked when
+the experiment is built, as a value from the file would be, and errors point at the override. ``+key=value`` adds a
 key to a plain mapping; ``~key`` removes one.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from ..errors import Location, SpecError, did_you_mean
 from ..spec import Doc, Tagged, parse
-from .registry import lookup
+from .registry import BUILTIN_ARGS, lookup
 
 __all__ = ["apply_overrides", "split_overrides"]
 
@@ -51,7 +54,7 @@ def apply_overrides(experiments: dict[str, Any], doc: Doc, overrides: list[str])
             raise SpecError(f"{name}: give a key inside the experiment (for example {name}.model.dim=4)", where)
         value = None
         if not remove:
-            vdoc = parse(value_text, label)
+            vdoc = _parse_value(text[: len(text) - len(value_text)], value_text, where)
             doc.adopt(vdoc)
             value = vdoc.tree
         parent: Any = experiments
@@ -63,6 +66,30 @@ def apply_overrides(experiments: dict[str, Any], doc: Doc, overrides: list[str])
             doc.note_value(parent, key, where)
 
 
+#: a value that starts with a placeholder, ``{EXP_DIR}/out``: YAML reads ``{`` as the start of a mapping
+_PLACEHOLDER_FIRST = re.compile(r"\s*\{\{?\w+\}")
+
+
+def _parse_value(head: str, value: str, where: Location) -> Doc:
+    """The YAML value of an override (``head`` is the text up to ``=``); errors say where in the value, and how to quote
+    a value that starts with a placeholder."""
+    quote = (f"; a value that starts with a placeholder is a string only in quotes: {head}{json.dumps(value)} (on a shell, "
+             f"in single quotes around it all: '{head}{json.dumps(value)}')")
+    try:
+        vdoc = parse(value, where.file)
+    except SpecError as e:
+        loc = e.location
+        at = ""
+        if loc is not None and loc.line is not None:
+            at = f" (line {loc.line}, character {loc.column})" if "\n" in value.strip() else f" (character {loc.column})"
+        hint = quote if _PLACEHOLDER_FIRST.match(value) else ""
+        raise SpecError(f"value {value!r}{at}: {e.message}{hint}", where) from None
+    if _PLACEHOLDER_FIRST.match(value) and isinstance(vdoc.tree, dict):
+        raise SpecError(f"value {value!r} is YAML for a mapping {vdoc.tree!r}{quote}", where)
+    vdoc.locate_all(where)  # errors inside the value name the override and the key path, not line 1 of it
+    return vdoc
+
+
 def _child(container: Any, key: Any) -> Any:
     return container.args[key] if isinstance(container, Tagged) else container[key]
 
@@ -72,8 +99,8 @@ def _step(parent: Any, key: Any, part: str, done: list[str], adding_last: bool, 
     node = _child(parent, key)
     at = ".".join(done)
     if isinstance(node, Tagged):
-        info = lookup(node.tag, where)
-        fields = [f.alias for f in info.fields]
+        builtin = BUILTIN_ARGS.get(node.tag)  # !Repeat {times, content}, !RandomParam {values}, ...
+        fields = list(builtin) if builtin is not None else [f.alias for f in lookup(node.tag, where).fields]
         if part not in fields and part not in node.args:
             raise SpecError(f"{at}: {node.tag} has no argument {part!r}{did_you_mean(part, fields)}", where)
         return node, part

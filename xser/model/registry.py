@@ -12,7 +12,7 @@ import attrs
 from ..errors import RegistryError, SpecError, did_you_mean
 from .adapters import adapter_for
 
-__all__ = ["ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
+__all__ = ["BUILTIN_ARGS", "ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
 
 T = TypeVar("T", bound=type)
 
@@ -22,8 +22,12 @@ else:
     def dataclass_transform(**_: Any) -> Any:
         return lambda f: f
 
-#: Tags that the builder handles itself; no class may take them.
-RESERVED_TAGS = frozenset({"!Ref", "!LoadSerialized", "!ModelPath", "!Repeat", "!RandomParam"})
+#: Tags that the builder handles itself, with their arguments; no class may take them.
+BUILTIN_ARGS: dict[str, tuple[str, ...]] = {
+    "!Ref": ("path", "name", "default"), "!LoadSerialized": ("filename", "path", "overwrite"), "!ModelPath": ("path",),
+    "!Repeat": ("times", "content"), "!RandomParam": ("values", "drawn"),
+}
+RESERVED_TAGS = frozenset(BUILTIN_ARGS)
 #: Keys that xser writes into a component's mapping; no field may use them.
 RESERVED_KEYS = frozenset({"xser_subcol_name", "xser_id", "xser_version"})
 
@@ -170,6 +174,9 @@ def _bind_after_init(cls: type) -> None:
 def lookup(tag: str, location: Any = None) -> ComponentInfo:
     """The class registered under ``tag``; an unknown tag is a ``SpecError`` with a suggestion."""
     info = _BY_TAG.get(tag)
+    if info is None and tag in BUILTIN_ARGS:
+        raise SpecError(f"{tag} is one of xser's own tags (arguments: {', '.join(BUILTIN_ARGS[tag])}), not a component class; "
+                        "it cannot be used here", location)
     if info is None:
         hint = did_you_mean(tag, list(_BY_TAG) + sorted(RESERVED_TAGS))
         if not hint:  # nothing close is registered: most likely its class's module was never imported

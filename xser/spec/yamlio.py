@@ -125,6 +125,11 @@ class Doc:
             self._locs[id(container)] = entry
         entry[2][key] = loc
 
+    def locate_all(self, loc: Location) -> None:
+        """Every location of this document becomes ``loc`` (a one-line value given on a command line)."""
+        for key, (container, _, values, keys) in list(self._locs.items()):
+            self._locs[key] = (container, loc, dict.fromkeys(values, loc), dict.fromkeys(keys, loc))
+
     def adopt(self, other: Doc) -> None:
         """Take over the location entries of another document (for inlined subtrees)."""
         self._locs.update(other._locs)
