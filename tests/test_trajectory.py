@@ -63,3 +63,52 @@ def test_cli_plot(tmp_path, capsys):
     assert main(["inspect", str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'p.png'}")
+
+
+def test_each_metric_has_its_own_axis(tmp_path):
+    """A loss and an accuracy never share a y axis: one panel per metric, then the distances; the x axis is shared."""
+    pytest.importorskip("matplotlib", reason="plots need the plot extra")
+    path, kept = _run(tmp_path, steps=4)
+    report = tr.trajectory(path)
+    fig = tr.figure(report)
+    axes = fig.get_axes()
+    assert [a.get_ylabel() for a in axes] == ["dev", "loss", "relative L2 distance\nto the newest checkpoint"]
+    for ax, values in zip(axes, ([1.0, 1 / 2, 1 / 3, 1 / 4], [1.0, 2.0, 3.0, 4.0])):
+        (line,) = ax.get_lines()
+        assert list(line.get_xdata()) == [10, 20, 30, 40] and list(line.get_ydata()) == values
+    (line,) = axes[2].get_lines()
+    assert list(line.get_ydata()) == [r["distance_to_newest"] for r in reversed(report["checkpoints"])]
+    assert axes[2].get_xlabel() == "step" and all(axes[0].get_shared_x_axes().joined(axes[0], a) for a in axes)
+
+
+@pytest.mark.parametrize("metrics", [0, 1, 5])
+def test_any_number_of_metrics(tmp_path, metrics):
+    """No metric, one, or many: one panel each, plus the distances; the file is written."""
+    pytest.importorskip("matplotlib", reason="plots need the plot extra")
+    lin = Linear(2, 2)
+    with xser.CheckpointSaver(tmp_path / "m.yaml", keep=3) as saver:
+        for step in (1, 2):
+            lin.W[...] = step
+            saver.save(lin, step=step, metrics={f"m{i}": float(step * i) for i in range(metrics)} or None)
+    report = tr.trajectory(tmp_path / "m.yaml")
+    assert len(tr.figure(report).get_axes()) == metrics + 1
+    assert tr.plot(report, tmp_path / "p.svg") == str(tmp_path / "p.svg") and (tmp_path / "p.svg").read_text().startswith("<?xml")
+
+
+def test_plotting_leaves_pyplot_alone(tmp_path):
+    """figure() uses no pyplot: the caller's backend and open figures are untouched."""
+    pytest.importorskip("matplotlib", reason="plots need the plot extra")
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    backend = matplotlib.get_backend()
+    matplotlib.use("svg")  # a caller's own (non-interactive here) backend
+    try:
+        mine = plt.figure()
+        path, _ = _run(tmp_path, steps=2)
+        tr.plot(tr.trajectory(path), tmp_path / "p.png")
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == [mine.number]
+        assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        plt.close("all")
+        matplotlib.use(backend)

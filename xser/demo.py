@@ -6,8 +6,9 @@ optimizer position and step), saves checkpoints with a dev metric, loads the mod
 checks that it predicts exactly what the trained one did. Then it averages the kept
 checkpoints, converts them into independent models, ensembles those, prints a table of test
 accuracy and log-loss, and draws ``xser inspect --plot`` next to it. The task (overlapping
-classes, 20% label noise, a constant learning rate) leaves SGD's late checkpoints scattered
-around a minimum, which is where averaging and ensembling them help.
+classes, 20% label noise) and the training (a constant learning rate, weight decay so that the
+network does not learn the noise) leave SGD's late checkpoints scattered around a minimum, which is
+where averaging and ensembling them help.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class Classifier:
     def predict(self, x):
         return self.forward(x).argmax(axis=1)
 
-    def step(self, x, y, lr):
+    def step(self, x, y, lr, weight_decay=0.0):
         logits = self.forward(x, training=True)
         logits = logits - logits.max(axis=1, keepdims=True)
         prob = np.exp(logits)
@@ -117,17 +118,20 @@ class Classifier:
         gh = self.output.backward(grad) * self.mask
         self.hidden.backward(gh)
         for layer in (self.hidden, self.output):
-            layer.W -= lr * layer.dW  # in place: the declared arrays are what gets saved
+            layer.W -= lr * (layer.dW + weight_decay * layer.W)  # in place: the declared arrays are what gets saved
             layer.b -= lr * layer.db
         return float(loss)
 
 
 @xser.serializable(tag="!DemoSGD")
 class SGD:
+    """Minibatch SGD with a constant learning rate and weight decay (an L2 penalty on the weight matrices)."""
+
     epochs: int
     learning_rate: float
     batch_size: int = 32
     seed: int = 0
+    weight_decay: float = 0.0
 
     def train(self, model: Classifier, x, y, report: Callable[[int, float], None], *, first: int = 1, last: int | None = None,
               rng_state: dict | None = None) -> dict:
@@ -138,7 +142,7 @@ class SGD:
         for epoch in range(first, (last or self.epochs) + 1):
             order = rng.permutation(len(y))
             losses = [
-                model.step(x[idx], y[idx], self.learning_rate)
+                model.step(x[idx], y[idx], self.learning_rate, self.weight_decay)
                 for idx in (order[i : i + self.batch_size] for i in range(0, len(y), self.batch_size))
             ]
             report(epoch, float(np.mean(losses)), rng.bit_generator.state)
@@ -214,7 +218,7 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
             def report(epoch, loss, state):
                 if epoch % every == 0 or epoch == trainer.epochs:
                     train_acc = accuracy(model, xtr, ytr)
-                    saver.save(exp, step=epoch, metrics={"loss": loss, "train_accuracy": train_acc}, training_state={"shuffle": state})
+                    saver.save(exp, step=epoch, metrics={"train_loss": loss, "train_accuracy": train_acc}, training_state={"shuffle": state})
                     say(f"  epoch {epoch:3d}  loss {loss:.4f}  train accuracy {train_acc:.3f}  (checkpoint saved)")
 
             trainer.train(model, xtr, ytr, report, first=first, last=stop if attempt == "first run" else None, rng_state=rng_state)

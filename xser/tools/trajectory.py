@@ -4,8 +4,9 @@
 relative L2 distance of its floating-point parameters to the newest checkpoint's
 (``||w_k - w_0|| / ||w_0||`` over every parameter both hold with the same shape). The weights are
 streamed in pieces, as averaging reads them, so memory stays bounded whatever the model's size.
-Checkpoints far from the newest are the ones averaging with it does not help. ``plot`` draws both
-(matplotlib, the ``plot`` extra); ``xser inspect --json`` and ``--plot OUT.png`` use them.
+Checkpoints far from the newest are the ones averaging with it does not help. ``plot`` draws both,
+each metric on its own axis (matplotlib, the ``plot`` extra); ``xser inspect --json`` and
+``--plot OUT.png`` use them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..api import retrying
 from ..storage.listing import scan
 from ..storage.opened import OpenedDir
 
-__all__ = ["plot", "trajectory"]
+__all__ = ["figure", "plot", "trajectory"]
 
 CHUNK = 1 << 20  # elements per streamed piece
 
@@ -72,34 +73,39 @@ def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool 
     return retrying(path, once)
 
 
-def plot(report: dict[str, Any], out: str | os.PathLike) -> str:
-    """Metrics over steps (top) and each checkpoint's distance to the newest (bottom), written to ``out`` (PNG, SVG, PDF)."""
+def figure(report: dict[str, Any]) -> Any:
+    """The matplotlib figure of ``report``: one panel per metric, each with its own y axis (a loss and an accuracy
+    have different scales), and below them each checkpoint's distance to the newest; all share the x axis (step)."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: the caller's backend and figure list are left alone
     except ImportError:
         from ..errors import DataError
 
         raise DataError("plotting needs matplotlib: pip install 'xser[plot]'") from None
     rows = [r for r in reversed(report["checkpoints"])]  # oldest first
     xs = [r["step"] if r["step"] is not None else -r["index"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for name in report["metrics"]:
-        pts = [(x, r["metrics"][name]) for x, r in zip(xs, rows) if isinstance(r["metrics"].get(name), (int, float))]
-        if pts:
-            top.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    top.set_ylabel("metric")
-    if report["metrics"]:
-        top.legend()
+    names = list(report["metrics"])
+    fig = Figure(figsize=(7, 2.2 * (len(names) + 1) + 0.6))
+    axes = [a for (a,) in fig.subplots(len(names) + 1, 1, sharex=True, squeeze=False)]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (ax, name) in enumerate(zip(axes, names)):
+        pts = [(x, r["metrics"][name]) for x, r in zip(xs, rows)
+               if isinstance(r["metrics"].get(name), (int, float)) and not isinstance(r["metrics"].get(name), bool)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[i % len(colors)], label=name)
+        ax.set_ylabel(name)
+    bottom = axes[-1]
     pts = [(x, r["distance_to_newest"]) for x, r in zip(xs, rows) if r["distance_to_newest"] is not None]
-    bottom.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="tab:red")
+    bottom.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="tab:red", label="distance to the newest")
     bottom.set_ylabel("relative L2 distance\nto the newest checkpoint")
     bottom.set_xlabel("step" if any(r["step"] is not None for r in rows) else "checkpoint (newest = 0)")
-    top.set_title(os.path.basename(report["model"]))
+    axes[0].set_title(os.path.basename(report["model"]))
     fig.tight_layout()
+    return fig
+
+
+def plot(report: dict[str, Any], out: str | os.PathLike) -> str:
+    """``figure(report)`` written to ``out`` (PNG, SVG, PDF: by its extension)."""
     out = os.fspath(out)
-    fig.savefig(out)
-    plt.close(fig)
+    figure(report).savefig(out)
     return out
