@@ -661,3 +661,192 @@ class TestViews:
         with pytest.raises(xser.DataError) as info:
             xt.load_state_dict(plain, path)
         assert str(info.value) == f'{path}: loading into Module: missing key(s) in state_dict: "other.bias", "other.weight"'
+
+
+class Undecorated(torch.nn.Module):
+    """A module of the user's own that is not @xser.serializable."""
+
+    def __init__(self, width: int, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
+        self.proj = torch.nn.Linear(width, width)
+
+
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                                  max_position_embeddings=16)
+    torch.manual_seed(0)
+    return transformers.BertForMaskedLM(cfg)
+
+
+def in_fresh_process(code: str, tmp_path) -> str:
+    """Run ``code`` in a new interpreter (only what it imports is imported) and return its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(Path(xser.__file__).resolve().parent.parent))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+WRAP_ERRORS = {
+    "save plain": "cannot save a value of type torch.nn.modules.linear.Linear: a torch.nn.Module is saved when its class is "
+                  "@xser.serializable; for a module of another class (a torch.nn layer, a transformers model) use "
+                  "xser.torch.wrap(module), or xser.torch.wrap(module, *args, **kwargs) with the arguments it was made with",
+    "nested plain": "lm: cannot save a value of type torch.nn.modules.linear.Linear: a torch.nn.Module is saved when its class "
+                    "is @xser.serializable; for a module of another class (a torch.nn layer, a transformers model) use "
+                    "xser.torch.wrap(module), or xser.torch.wrap(module, *args, **kwargs) with the arguments it was made with",
+    "wrong args": "wrap: torch.nn.Linear(4, 3) does not build this module's tensors: bias: (2,) in the module, (3,) built; "
+                  "weight: (2, 4) in the module, (3, 4) built; pass the arguments it was made with: "
+                  "xser.torch.wrap(module, *args, **kwargs)",
+    "other config": "wrap: torch.nn.Dropout(p=0.1) builds another module: 'Dropout(p=0.1, inplace=False)' where this one has "
+                    "'Dropout(p=0.3, inplace=False)'; pass the arguments it was made with: xser.torch.wrap(module, *args, **kwargs)",
+    "unreadable": "wrap: test_torch.Undecorated() cannot be built again: TypeError: Undecorated.__init__() missing 1 required "
+                  "positional argument: 'width'; pass the arguments it was made with: xser.torch.wrap(module, *args, **kwargs)",
+    "decorated": "test_torch.TiedLM is an @xser.serializable class: save it as it is, without wrap",
+    "not allowed": "class 'test_torch.Undecorated' may not be built from a spec: only torch.nn layers, transformers models and "
+                   "classes passed to xser.torch.allow are; call xser.torch.allow(Undecorated) before loading (after importing it)",
+    "os.system": "class 'os.system' may not be built from a spec: only torch.nn layers, transformers models and classes passed "
+                 "to xser.torch.allow are; call xser.torch.allow(system) before loading (after importing it)",
+    "functional": "'torch.nn.functional' is not a torch.nn.Module class (of transformers, only PreTrainedModel subclasses are built)",
+    "auto": "'transformers.AutoModel' is not a torch.nn.Module class (of transformers, only PreTrainedModel subclasses are built)",
+}
+
+
+class TestWrap:
+    """Modules whose class is not @xser.serializable (torch.nn layers, transformers models, the user's own): xser.torch.wrap
+    records how to build them again; save and load round-trip bit for bit; specs build only allowed classes."""
+
+    @pytest.mark.parametrize("make", [
+        lambda: torch.nn.Linear(4, 2), lambda: torch.nn.Linear(4, 2, bias=False).half(), lambda: torch.nn.Conv2d(3, 4, (3, 2), stride=2),
+        lambda: torch.nn.LayerNorm(5, eps=1e-3), lambda: torch.nn.Embedding(7, 3, padding_idx=0), lambda: torch.nn.BatchNorm1d(4),
+        lambda: torch.nn.MultiheadAttention(8, 2), lambda: torch.nn.Dropout(0.3),
+        lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)),
+        lambda: torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 3).to(torch.bfloat16)]),
+        lambda: torch.nn.ModuleDict({"a": torch.nn.Linear(2, 3)}),
+    ], ids=["linear", "linear-half", "conv", "layernorm", "embedding", "batchnorm", "mha", "dropout", "sequential", "modulelist",
+            "moduledict"])
+    @pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+    def test_torch_layers_without_arguments(self, tmp_path, make, mmap):
+        """wrap(module) reads a torch.nn layer's arguments back (checked on the meta device); containers are rebuilt
+        around their wrapped children. The module keeps its state_dict keys; load gives it back bit for bit."""
+        m = make()
+        randomise(m)
+        w = xt.wrap(m)
+        path = str(tmp_path / "m.yaml")
+        xser.save(w, path, durable=False)
+        back = xser.load(path, mmap=mmap)
+        assert type(back) is xt.TorchModule and type(back.module) is type(m) and repr(back.module) == repr(w.module)
+        assert bit_state(back) == bit_state(w)
+        assert {id(t) for t in w.state_dict(keep_vars=True).values()} == {id(t) for t in m.state_dict(keep_vars=True).values()}
+        if not isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)):
+            assert w.module is m and repr(back.module) == repr(m) and list(xt.state_dict(path)) == list(m.state_dict())
+            assert bit_state(back.module) == bit_state(m)
+
+    def test_sequential_of_wrapped_layers_runs_the_same(self, tmp_path):
+        torch.manual_seed(0)
+        s = xt.wrap(torch.nn.Sequential, xt.wrap(torch.nn.Linear, 4, 8), xt.wrap(torch.nn.ReLU), xt.wrap(torch.nn.Linear, 8, 2))
+        path = str(tmp_path / "m.yaml")
+        xser.save(s, path, durable=False)
+        x = torch.randn(3, 4)
+        assert torch.equal(xser.load(path)(x), s(x))
+        assert "cls: torch.nn.Sequential" in Path(path).read_text()
+
+    def test_transformers_model_round_trips_in_a_fresh_process(self, tmp_path):
+        """A tiny BertForMaskedLM: wrap(model) records its config; a new interpreter that imports only xser loads it
+        (torch, xser.torch and transformers come with the spec's tags); keys are the model's own, so load_state_dict
+        of a fresh BertForMaskedLM takes the flat view strictly; the logits are the same."""
+        m = tiny_bert()
+        with torch.no_grad():
+            m.bert.embeddings.LayerNorm.weight.normal_()  # not the constructor's values
+        w = xt.wrap(m)
+        path = str(tmp_path / "bert.yaml")
+        xser.save(w, path, durable=False)
+        assert "cls: transformers.BertForMaskedLM" in Path(path).read_text()
+        view = xt.state_dict(path)
+        assert list(view) == [k for k in m.state_dict() if k in view] and set(view) == set(m.state_dict())
+        fresh = type(m)(m.config)
+        fresh.load_state_dict(view, strict=True)
+        ids = torch.tensor([[1, 5, 7, 2]])
+        m.eval()
+        want = m(ids).logits
+        torch.save(ids, tmp_path / "ids.pt")
+        torch.save(want, tmp_path / "want.pt")
+        torch.save(m.state_dict(), tmp_path / "state.pt")
+        out = in_fresh_process(
+            "import sys, torch, xser\n"
+            f"back = xser.load({path!r})\n"
+            "assert 'transformers' in sys.modules and type(back.module).__name__ == 'BertForMaskedLM'\n"
+            "back.eval()\n"
+            f"got = back.module(torch.load({str(tmp_path / 'ids.pt')!r})).logits\n"
+            f"print(torch.allclose(got, torch.load({str(tmp_path / 'want.pt')!r}), rtol=0, atol=1e-6))\n"
+            f"print(all(torch.equal(a, b) for a, b in zip(back.module.state_dict().values(), torch.load({str(tmp_path / 'state.pt')!r}).values())))\n",
+            tmp_path)
+        assert out.split() == ["True", "True"]  # the same bits (the logits' float sums may run on other threads)
+        back = xser.load(path)
+        assert bit_state(back.module) == bit_state(m)
+        assert back.module.cls.predictions.decoder.weight is back.module.bert.embeddings.word_embeddings.weight
+
+    def test_half_transformers_model(self, tmp_path):
+        m = tiny_bert().half()
+        path = str(tmp_path / "bert.yaml")
+        xser.save(xt.wrap(m), path, durable=False)
+        assert bit_state(xser.load(path).module) == bit_state(m)
+
+    def test_own_class_needs_allow_in_a_new_process(self, tmp_path):
+        """A class of the user's own: wrap(module, *args) allows it in this process; a new process must allow it."""
+        m = Undecorated(3, scale=2.0)
+        w = xt.wrap(m, 3, scale=2.0)
+        path = str(tmp_path / "m.yaml")
+        xser.save(w, path, durable=False)
+        assert bit_state(xser.load(path).module) == bit_state(m)
+        tests = str(Path(__file__).resolve().parent)
+        out = in_fresh_process(
+            f"import sys; sys.path.insert(0, {tests!r})\nimport xser\nimport xser.torch as xt\nfrom test_torch import Undecorated\n"
+            f"try:\n    xser.load({path!r})\nexcept xser.SpecError as e:\n    print(e.message)\n"
+            f"xt.allow(Undecorated)\nprint(xser.load({path!r}).module.scale)\n", tmp_path)
+        assert out.splitlines() == [WRAP_ERRORS["not allowed"], "2.0"]
+
+    @pytest.mark.parametrize("key, make", [
+        ("wrong args", lambda: xt.wrap(torch.nn.Linear(4, 2), 4, 3)),
+        ("other config", lambda: xt.wrap(torch.nn.Dropout(0.3), p=0.1)),
+        ("unreadable", lambda: xt.wrap(Undecorated(3))),
+        ("decorated", lambda: xt.wrap(TiedLM())),
+    ])
+    def test_wrap_refuses_what_would_not_load(self, key, make):
+        with pytest.raises(xser.RegistryError) as info:
+            make()
+        assert str(info.value) == WRAP_ERRORS[key]
+
+    def test_saving_a_plain_module_names_wrap(self, tmp_path):
+        with pytest.raises(xser.SpecError) as info:
+            xser.save(torch.nn.Linear(4, 2), str(tmp_path / "m.yaml"))
+        assert str(info.value) == WRAP_ERRORS["save plain"]
+        with pytest.raises(xser.SpecError) as info:
+            xser.save({"lm": torch.nn.Linear(4, 2)}, str(tmp_path / "m.yaml"))
+        assert str(info.value) == WRAP_ERRORS["nested plain"]
+        assert not (tmp_path / "m.yaml").exists()
+
+    @pytest.mark.parametrize("key, cls", [("os.system", "os.system"), ("functional", "torch.nn.functional"),
+                                          ("auto", "transformers.AutoModel"), ("not allowed", "test_torch.Undecorated")])
+    def test_specs_build_only_allowed_classes(self, tmp_path, key, cls, monkeypatch):
+        """A spec that names any other callable is refused before anything is called or imported."""
+        import sys
+
+        pytest.importorskip("transformers")
+        from xser.torch import wrapped as wrapping
+
+        monkeypatch.setattr(wrapping, "_ALLOWED", {})
+        called = []
+        monkeypatch.setattr("os.system", lambda *a: called.append(a))
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"m: !TorchModule {{cls: {cls}, args: [echo hi]}}\n")
+        with pytest.raises(xser.SpecError) as info:
+            xser.build(xser.load_config(cfg)["m"])
+        assert str(info.value) == f"{cfg}:1:4: {WRAP_ERRORS[key]}"
+        assert called == [] and "antigravity" not in sys.modules

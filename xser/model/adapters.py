@@ -16,7 +16,7 @@ import importlib
 import sys
 from typing import Any, Protocol
 
-__all__ = ["ADAPTERS", "LOAD", "Adapter", "adapter_for", "array_kind", "plugin"]
+__all__ = ["ADAPTERS", "LOAD", "Adapter", "adapter_for", "array_kind", "plugin", "plugin_tag", "unsaved_hint"]
 
 
 class Adapter(Protocol):
@@ -39,6 +39,37 @@ LOAD: contextvars.ContextVar[dict | None] = contextvars.ContextVar("xser_load", 
 
 #: (module that must already be imported, class path within it, the xser plugin that adapts it)
 _PLUGINS = (("torch", "nn.Module", "xser.torch"),)
+#: component tags that plugins register: a spec that names one imports its plugin
+_PLUGIN_TAGS = {"!TorchModule": "xser.torch"}
+#: what to do with an object of a plugin's framework that is not a component
+_UNSAVED = {
+    "xser.torch": "a torch.nn.Module is saved when its class is @xser.serializable; for a module of another class (a "
+                  "torch.nn layer, a transformers model) use xser.torch.wrap(module), or xser.torch.wrap(module, *args, **kwargs) "
+                  "with the arguments it was made with",
+}
+
+
+def plugin_tag(tag: str) -> bool:
+    """Import the plugin that registers ``tag`` (``!TorchModule``), if one does; whether one was imported."""
+    name = _PLUGIN_TAGS.get(tag)
+    if name is None:
+        return False
+    try:
+        plugin(name)
+    except ImportError:
+        return False
+    return True
+
+
+def unsaved_hint(value: Any) -> str:
+    """How to save ``value``, an object of a framework a plugin adapts (a ``torch.nn.Module``); "" otherwise."""
+    for module, attr, name in _PLUGINS:
+        base: Any = sys.modules.get(module)
+        for part in attr.split(".") if base is not None else ():
+            base = getattr(base, part, None)
+        if isinstance(base, type) and isinstance(value, base):
+            return _UNSAVED.get(name, "")
+    return ""
 
 
 def plugin(name: str) -> Any:

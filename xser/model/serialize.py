@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, Location, RegistryError, SpecError
+from .adapters import unsaved_hint
 from .params import Subcollection, subcollection_of
 from .registry import info_for
 from ..spec import Tagged, format_path, iter_tagged
@@ -51,7 +52,9 @@ class _Dumper:
                 "a numpy array in a constructor argument is not saved; declare it with xser.params(self).add(...)",
                 where,
             )
-        raise SpecError(f"cannot save a value of type {type(value).__module__}.{type(value).__qualname__}", where)
+        hint = unsaved_hint(value)
+        raise SpecError(f"cannot save a value of type {type(value).__module__}.{type(value).__qualname__}" + (f": {hint}" if hint else ""),
+                        where)
 
     def _key(self, k: Any, path: tuple) -> Any:
         if isinstance(k, (str, int, float, bool)) or k is None:

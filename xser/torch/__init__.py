@@ -9,8 +9,9 @@ from __future__ import annotations
 from .module import TorchAdapter, TorchSubcollection, own_state
 from .tensors import from_numpy, numpy_dtype, to_numpy, torch_dtype
 from .views import load_state_dict, state_dict
+from .wrapped import TorchModule, allow, wrap
 
 __all__ = [
-    "TorchAdapter", "TorchSubcollection", "from_numpy", "load_state_dict", "numpy_dtype", "own_state", "state_dict", "to_numpy",
-    "torch_dtype",
+    "TorchAdapter", "TorchModule", "TorchSubcollection", "allow", "from_numpy", "load_state_dict", "numpy_dtype", "own_state",
+    "state_dict", "to_numpy", "torch_dtype", "wrap",
 ]

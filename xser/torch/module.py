@@ -70,7 +70,11 @@ def _tname(dt: Any) -> str:
 
 
 def own_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``state_dict(keep_vars=True)`` without the keys of serializable descendants (they save themselves)."""
+    """``state_dict(keep_vars=True)`` without the keys of serializable descendants (they save themselves); of a
+    wrapper (``xser.torch.wrap``), its module's, keys as that module names them."""
+    root = getattr(type(module), "_xser_state_root", None)
+    if root is not None:
+        module = getattr(module, root)
     skip = tuple(f"{name}." for name, m in module.named_modules(remove_duplicate=False) if name and info_for(m) is not None)
     out = {}
     for key, value in module.state_dict(keep_vars=True).items():
