@@ -1,4 +1,4 @@
-"""Weight formats beyond npy: dense-text, sparse-text, user formats (xser/formats/text.py, formats/__init__.py)."""
+"""Weight formats beyond npy: dense-text, sparse-text, user formats (xser/storage/formats/text.py, storage/formats/__init__.py)."""
 
 from __future__ import annotations
 
