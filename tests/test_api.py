@@ -567,3 +567,30 @@ def test_load_into_lists_every_shape_and_the_arguments(tmp_path):
         "init='zeros' here, 'glorot_uniform' saved (component at the root)"
     )
     assert not other.W.any()
+
+
+@pytest.mark.parametrize("reader", ["load", "read_params", "load_training_state", "resume", "load_into", "load_config"])
+@pytest.mark.parametrize("slot", [0, 1])
+def test_a_checkpoint_directory_given_for_the_model_names_the_file(tmp_path, reader, slot):
+    """load("m.yaml.data") says which file to give (and which checkpoint), not "m.yaml.data.data"."""
+    path = str(tmp_path / "m.yaml")
+    lin = Linear(2, 3)
+    with xser.CheckpointSaver(path, keep=2) as saver:
+        saver.save(lin, step=1, training_state={"x": 1})
+        saver.save(lin, step=2, training_state={"x": 2})
+    given = path + ".data" + (f".{slot}" if slot else "")
+    with pytest.raises(xser.DataError) as info:
+        if reader == "load_into":
+            xser.load_into(Linear(2, 3), given)
+        elif reader == "load_config":
+            xser.load_config(given)
+        else:
+            getattr(xser, reader)(given)
+    which = ", with checkpoint=1" if slot else ""
+    assert str(info.value) == f"{given}: a checkpoint directory of the model {path}, not a model: give the model's file, {path!r}{which}"
+
+
+def test_a_model_named_like_a_data_directory_still_loads(tmp_path):
+    path = str(tmp_path / "x.data")
+    xser.save(Linear(2, 3), path)
+    assert xser.load(path).W.shape == (3, 2)

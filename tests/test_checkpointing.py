@@ -228,10 +228,10 @@ class TestStructure:
         sub = xser.params(lin).name
         assert str(info.value) == (
             f"{path}: the model no longer matches checkpoint {path}.data: {sub}: param 'W' is (2, 4) float32 in the model, "
-            "(2, 3) float32 in the checkpoint. To continue the saved run, build the model from it "
-            "(obj = xser.load('m.yaml'), with xser.load_training_state for the optimizer) and save that; to start a new "
-            "model instead, CheckpointSaver(..., restart=True) replaces the checkpoint (they are removed only after the "
-            "new model's first checkpoint is saved)"
+            f"(2, 3) float32 in the checkpoint. To continue the saved run, resume it: r = xser.resume({path!r}) gives the "
+            "model (r.model), its training state and step; save r.model. To start a new model instead, "
+            "CheckpointSaver(..., restart=True) replaces the checkpoint (they are removed only after the new model's "
+            "first checkpoint is saved)"
         )
         assert steps_on_disk(path) == [1]
 
@@ -243,7 +243,7 @@ class TestStructure:
         with xser.CheckpointSaver(path, keep=5) as saver:
             with pytest.raises(xser.CheckpointError, match=r"new subcollections .* To continue the saved run.* replaces all 3 checkpoints"):
                 saver.save(fresh, step=4)
-            resumed = xser.load(path)  # the README's resume recipe
+            resumed = xser.resume(path).model  # the recipe the message gives
             resumed.W[...] = 4
             saver.save(resumed, step=4)
         assert steps_on_disk(path) == [4, 3, 2, 1]

@@ -294,3 +294,15 @@ class TestDirectory:
         assert capsys.readouterr().err == (f"error: {tmp_path / 'm.safetensors'}: {option[0]} reads saved xser models "
                                            "(MODEL.yaml); this is a safetensors model, whose tensors inspect lists without it\n")
         assert main(["inspect", str(tmp_path / "m.safetensors")]) == 0
+
+
+def test_a_model_path_value_is_not_listed_as_a_component(tmp_path):
+    """A path inside the model's directory is saved as !ModelPath {path: ...}: a value, not a component."""
+    (tmp_path / "v.txt").write_text("a\n")
+    path = tmp_path / "m.yaml"
+    from components import Node
+
+    xser.save(Model(encoder=Linear(2, 2), decoder=Node(value=str(tmp_path / "v.txt"))), path)
+    assert "!ModelPath {path: v.txt}" in path.read_text()
+    lines = lines_of(path)
+    assert [ln.split(":")[0].strip() for ln in lines[lines.index("components:") + 1:] if ": !" in ln] == ["(root)", "encoder", "decoder"]

@@ -25,7 +25,7 @@ from .model.serialize import arg_clause, saved_args, subcols_by_path, to_tree
 from .spec import read
 from .spec.saved import is_saved, open_saved
 from .storage import training_state
-from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, selector
+from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, refuse_slot, selector
 from .storage.opened import CheckpointVanished, gather
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
@@ -61,6 +61,7 @@ def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) 
     and errors name the override.
     """
     path = os.fspath(path)
+    refuse_slot(path)
     doc = read(path)
     if is_saved(doc):
         saved = open_saved(path)

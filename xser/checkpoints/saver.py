@@ -117,9 +117,9 @@ def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, An
         if problem is not None:
             what = "the checkpoint" if total == 1 else f"all {total} checkpoints"
             raise CheckpointError(
-                f"the model no longer matches checkpoint {ck.path}: {problem}. To continue the saved run, build the "
-                f"model from it (obj = xser.load({os.path.basename(path)!r}), with xser.load_training_state for the "
-                f"optimizer) and save that; to start a new model instead, {saver}(..., restart=True) replaces {what} "
+                f"the model no longer matches checkpoint {ck.path}: {problem}. To continue the saved run, resume it: "
+                f"r = xser.resume({path!r}) gives the model (r.model), its training state and step; save r.model. "
+                f"To start a new model instead, {saver}(..., restart=True) replaces {what} "
                 "(they are removed only after the new model's first checkpoint is saved)",
                 Location(path),
             )

@@ -21,13 +21,13 @@ from typing import Any
 
 import attrs
 
-from ..errors import CheckpointError, DataError, Location, did_you_mean
-from .layout import data_dir_of, slot_names
+from ..errors import CheckpointError, DataError, Location, XserError, did_you_mean
+from .layout import data_dir_of, slot_names, slot_of
 from .lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
 
-__all__ = ["Best", "Checkpoint", "Scan", "best_n", "checkpoints", "open_checkpoint", "scan", "score", "selector"]
+__all__ = ["Best", "Checkpoint", "Scan", "best_n", "checkpoints", "open_checkpoint", "refuse_slot", "scan", "score", "selector"]
 
 ATTEMPTS = 200  # listings retried until stable; a rotation step takes microseconds to milliseconds
 
@@ -254,12 +254,27 @@ def check_index(path: str, checkpoint: Any) -> Any:
     return checkpoint
 
 
+def refuse_slot(path: str) -> None:
+    """A checkpoint directory (``m.yaml.data``) given where the model's file belongs: say which file to give."""
+    slot = slot_of(path) if os.path.isdir(path) and not os.path.lexists(data_dir_of(path, 0)) else None
+    if slot is None:
+        return
+    spec = slot[0]
+    try:
+        index = next((c.index for c in checkpoints(spec) if os.path.samefile(c.path, path)), None)
+    except (OSError, XserError):
+        index = None
+    which = f", with checkpoint={index}" if index else ""
+    raise DataError(f"a checkpoint directory of the model {spec}, not a model: give the model's file, {spec!r}{which}", Location(path))
+
+
 def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0) -> OpenedDir:
     """Open checkpoint ``checkpoint`` (0 = newest, ``"last"``, or a ``Best``) of the model at ``path``; the caller closes it.
 
     The result's ``index`` is the checkpoint's place in the listing it was chosen from (0 = newest)."""
     path = os.fspath(path)
     checkpoint = 0 if checkpoint == "last" else check_index(path, checkpoint)
+    refuse_slot(path)
     if checkpoint == 0:
         try:
             d = OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists

@@ -16,7 +16,7 @@ from ..api import retrying
 from ..errors import CheckpointError, DataError, Location
 from ..spec import Tagged, children, format_path
 from ..storage.dtypes import find
-from ..spec.saved import SavedModel, hand_edit, open_saved, top_level_state, with_spec
+from ..spec.saved import MODEL_PATH, SavedModel, hand_edit, open_saved, top_level_state, with_spec
 from ..storage.layout import models_in, slot_of
 from ..storage.listing import Checkpoint, checkpoints, scan
 from .convert import spec_subcols
@@ -50,6 +50,8 @@ class ModelView:
         self._walk(exp, ())
 
     def _walk(self, node: Any, path: tuple) -> None:
+        if isinstance(node, Tagged) and node.tag == MODEL_PATH:
+            return  # a path inside the model's directory (a value, not a component)
         if isinstance(node, Tagged):
             self.components.append((format_path(path), node))
             if node.tag == "!Ref":
