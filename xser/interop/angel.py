@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import struct
 from typing import Any
@@ -33,6 +32,7 @@ from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FIL
 from ..storage.formats.angel_text import readable_separator
 from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
+from ..storage.replace import replaced_output
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
 
@@ -163,44 +163,42 @@ def export_angel(
         raise DataError(f"matrix name {name!r} must be a plain directory name")
     target = os.path.join(os.fspath(out_dir), name)
     refuse_existing(target, force)
-    if os.path.lexists(target):
-        shutil.rmtree(target) if os.path.isdir(target) and not os.path.islink(target) else os.remove(target)
-    os.makedirs(target)
     column = format.endswith("column")
     metas: dict[int, Any] = {}
     written = []
     files: dict[str, list] = {}
     for pid, box, fname in parts:
         files.setdefault(fname, []).append((pid, box))
-    with progress(w.nbytes, "exporting"):
-        for fname, group in files.items():
-            offset = 0
-            with open(os.path.join(target, fname), "wb") as fh:
-                for pid, (r0, r1, c0, c1) in group:
-                    data, row_metas, save_cols, save_col_elems = encode_box(w, (r0, r1, c0, c1), format, vtype, long_ids, dense, sep)
-                    fh.write(data)
-                    advance(w[r0:r1, c0:c1].nbytes)
-                    by_row = dict(row_metas)
-                    metas[pid] = {
-                        "partId": pid, "startRow": r0, "endRow": r1, "startCol": c0, "endCol": c1,
-                        "nnz": sum(n for _, n in row_metas) if not dense else (r1 - r0) * (c1 - c0),
-                        "saveRowNum": 0 if column else r1 - r0, "saveColNum": save_cols, "saveColElemNum": save_col_elems,
-                        "fileName": fname, "offset": offset, "length": len(data),
-                        "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": by_row[r], "saveType": 0}
-                                     for r in rowmetas_order([r for r, _ in row_metas])},
-                    }
-                    offset += len(data)
-            written.append(os.path.join(target, fname))
-    meta = {
-        "matrixId": rmeta.get("matrixId", 1), "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": row_type,
-        "row": rows, "col": cols, "blockRow": block, "blockCol": rmeta.get("blockCol", cols) if rmeta else cols,
-        "options": rmeta.get("options") if isinstance(rmeta.get("options"), dict) else
-        {"feature.index.range.end": str(cols), "feature.index.range.start": "0"},
-        "partMetas": {str(pid): metas[pid] for pid in sorted(metas)},
-    }
-    body = _jettison(meta).encode("utf-8")
-    with open(os.path.join(target, "_meta"), "wb") as fh:
-        fh.write(struct.pack(">i", len(body)) + body)
+    with replaced_output(target) as staging:  # the matrix directory appears whole, replacing an old one whole
+        with progress(w.nbytes, "exporting"):
+            for fname, group in files.items():
+                offset = 0
+                with open(os.path.join(staging, fname), "wb") as fh:
+                    for pid, (r0, r1, c0, c1) in group:
+                        data, row_metas, save_cols, save_col_elems = encode_box(w, (r0, r1, c0, c1), format, vtype, long_ids, dense, sep)
+                        fh.write(data)
+                        advance(w[r0:r1, c0:c1].nbytes)
+                        by_row = dict(row_metas)
+                        metas[pid] = {
+                            "partId": pid, "startRow": r0, "endRow": r1, "startCol": c0, "endCol": c1,
+                            "nnz": sum(n for _, n in row_metas) if not dense else (r1 - r0) * (c1 - c0),
+                            "saveRowNum": 0 if column else r1 - r0, "saveColNum": save_cols, "saveColElemNum": save_col_elems,
+                            "fileName": fname, "offset": offset, "length": len(data),
+                            "rowMetas": {str(r): {"rowId": r, "offset": -1 if column else offset, "elementNum": by_row[r], "saveType": 0}
+                                         for r in rowmetas_order([r for r, _ in row_metas])},
+                        }
+                        offset += len(data)
+                written.append(os.path.join(target, fname))
+        meta = {
+            "matrixId": rmeta.get("matrixId", 1), "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": row_type,
+            "row": rows, "col": cols, "blockRow": block, "blockCol": rmeta.get("blockCol", cols) if rmeta else cols,
+            "options": rmeta.get("options") if isinstance(rmeta.get("options"), dict) else
+            {"feature.index.range.end": str(cols), "feature.index.range.start": "0"},
+            "partMetas": {str(pid): metas[pid] for pid in sorted(metas)},
+        }
+        body = _jettison(meta).encode("utf-8")
+        with open(os.path.join(staging, "_meta"), "wb") as fh:
+            fh.write(struct.pack(">i", len(body)) + body)
     written.append(os.path.join(target, "_meta"))
     return written
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import writes_files
 from ..storage.progress import advance, progress
+from ..storage.replace import replaced_outputs
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -404,10 +405,12 @@ def export_dismec(
     precisions = [precision or p or DISMEC_PRECISION for p in found]
     for name in [os.path.basename(meta_out), *names]:
         refuse_existing(os.path.join(os.path.dirname(os.path.abspath(meta_out)), name), force)
-    os.makedirs(os.path.dirname(os.path.abspath(meta_out)), exist_ok=True)
+    parent = os.path.dirname(os.path.abspath(meta_out))
     written = []
     row = 0
-    with progress(w.nbytes, "exporting"):
+    # each file written beside its name, then put in place; the metadata, which names the others, last
+    with replaced_outputs([os.path.join(parent, n) for n in names] + [meta_out], [False] * (len(names) + 1)) as staged, \
+            progress(w.nbytes, "exporting"):
         for (first, count), fname, format, digits, had in zip(ranges, names, formats, precisions, found):
             rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
             if precision is not None and format != "DenseNPY":
@@ -420,19 +423,19 @@ def export_dismec(
             row += count
             data = {"DenseTXT": lambda: _dense_text(rows, digits), "SparseTXT": lambda: _sparse_text(rows, digits, culling),
                     "DenseNPY": lambda: _dismec_npy(rows)}[format]()
-            path = os.path.join(os.path.dirname(os.path.abspath(meta_out)), fname)
-            with open(path, "wb") as f:
+            path = os.path.join(parent, fname)
+            with open(staged[len(written)], "wb") as f:
                 f.write(data)
             written.append(path)
             advance(rows.nbytes)
-    meta = {
-        **extra,
-        "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),
-        "files": [{"count": c, "file": n, "first": s, "weight-format": f} for (s, c), n, f in zip(ranges, names, formats)],
-        "num-features": features,
-        "num-labels": extra.pop("num-labels", labels),
-    }
-    with open(meta_out, "w", encoding="utf-8") as f:
-        f.write(json.dumps(meta, indent=4, sort_keys=True) + "\n")
+        meta = {
+            **extra,
+            "date": date if date is not None else datetime.now(timezone.utc).strftime("%Y-%m-%d - %H:%M:%S"),
+            "files": [{"count": c, "file": n, "first": s, "weight-format": f} for (s, c), n, f in zip(ranges, names, formats)],
+            "num-features": features,
+            "num-labels": extra.pop("num-labels", labels),
+        }
+        with open(staged[-1], "w", encoding="utf-8") as f:
+            f.write(json.dumps(meta, indent=4, sort_keys=True) + "\n")
     written.append(meta_out)
     return written

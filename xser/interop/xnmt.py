@@ -12,6 +12,7 @@ those XNMT wrote (the original spec text is kept in each checkpoint's manifest f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import refuse_existing, writes_files
+from ..storage.replace import replaced_outputs
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
@@ -150,18 +152,20 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
     model, out = os.fspath(model), os.fspath(out)
     refuse_existing(out, force)
     written = []
-    with scan(model) as s:
+    stack = contextlib.ExitStack()
+    with stack, scan(model) as s:
         if not s.listed:
             raise CheckpointError("the model has no checkpoints", Location(model))
         newest = s.listed[0][1]
         exp = with_spec(model, newest).experiment
         spec_names = [n.args["xser_subcol_name"] for n in iter_tagged(exp) if isinstance(n.args.get("xser_subcol_name"), str)]
+        # every path written beside its name, then put in place when all are written: the data directories, the model file last
+        targets = [out + ".data" + ("" if c.index == 0 else f".{c.index}") for c, _ in s.listed]
+        staged = stack.enter_context(replaced_outputs(targets + [out], [True] * len(targets) + [False]))
         with progress(sum(e.nbytes for _, d in s.listed for ps in d.subcollections.values() for e in ps.values()), "exporting"):
-            for c, data in s.listed:
+            for (c, data), target, staging in zip(s.listed, targets, staged):
                 xnmt = (data.meta.get("training") or {}).get("xnmt") or {}
                 layout = xnmt.get("records") or {}
-                target = out + ".data" + ("" if c.index == 0 else f".{c.index}")
-                os.makedirs(target, exist_ok=True)
                 for sub, params in data.subcollections.items():
                     arrays = {n: data.read(e) for n, e in params.items()}
                     for n, a in arrays.items():
@@ -173,21 +177,20 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
                             )
                     records = _records(sub, params, arrays, layout.get(sub))
                     body = write_dynet_text(records)
-                    path = os.path.join(target, sub)
-                    with open(path, "wb") as f:
+                    with open(os.path.join(staging, sub), "wb") as f:
                         f.write(body)
-                    written.append(path)
+                    written.append(os.path.join(target, sub))
                     advance(sum(a.nbytes for a in arrays.values()))
         first = newest.meta.get("training", {}).get("xnmt", {})
-    text = first.get("mod_text")
-    original = [m for m in re.findall(r"xnmt_subcol_name: (\S+)", text)] if text else None
-    if text is None or original != spec_names:
-        tree = exp
-        for node in iter_tagged(tree):
-            if "xser_subcol_name" in node.args:
-                node.args = {("xnmt_subcol_name" if k == "xser_subcol_name" else k): v for k, v in node.args.items()}
-        text = dump(tree, yaml11=True)  # XNMT reads it with PyYAML (YAML 1.1)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(text)
+        text = first.get("mod_text")
+        original = [m for m in re.findall(r"xnmt_subcol_name: (\S+)", text)] if text else None
+        if text is None or original != spec_names:
+            tree = exp
+            for node in iter_tagged(tree):
+                if "xser_subcol_name" in node.args:
+                    node.args = {("xnmt_subcol_name" if k == "xser_subcol_name" else k): v for k, v in node.args.items()}
+            text = dump(tree, yaml11=True)  # XNMT reads it with PyYAML (YAML 1.1)
+        with open(staged[-1], "w", encoding="utf-8") as f:
+            f.write(text)
     written.append(out)
     return written

@@ -21,7 +21,7 @@ import re
 import shutil
 from collections.abc import Iterator, Sequence
 
-from .commit import exchange
+from . import commit
 from .layout import OLD_MARK, TMP_MARK, temp_name
 
 __all__ = ["output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
@@ -83,7 +83,7 @@ def put_in_place(staged: str, out: str) -> None:
     if not os.path.lexists(out):
         os.rename(staged, out)
         return
-    if exchange(staged, out):
+    if commit.exchange(staged, out):  # looked up at each call (the crash tests count it)
         _remove(staged)  # the old output, now at the temporary name
         return
     if not os.path.isdir(staged) and not os.path.isdir(out):
@@ -100,6 +100,7 @@ def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool]) -> Iterator[list
     """Temporary names for the output paths ``outs`` (an empty directory made for each ``dirs`` entry that is true;
     files are for the caller to create); when the block ends without an error they are put in place in order,
     else removed. Leftovers of killed exports to these names are removed first."""
+    outs = [os.path.normpath(out) for out in outs]  # "dir/" is "dir": its temporaries go beside it, not into it
     for out in outs:
         remove_output_leftovers(out)
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
