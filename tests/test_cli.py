@@ -245,7 +245,7 @@ class TestCleanFailures:
         (["avg", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
         (["convert", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
         (["demo", "afile"], "afile: cannot make the output directory: File exists"),
-        (["export", "xnmt", "m.yaml", "afile/out.mod"], "afile/out.mod.data: cannot write the export: Not a directory"),
+        (["export", "xnmt", "m.yaml", "afile/out.mod"], "afile: cannot write the export: a file is in the way of a directory"),
         (["avg", "m.yaml", "--out", "/proc/xser-test/x.yaml"], "cannot create"),
     ])
     def test_error_and_exit_1(self, here, capsys, argv, message):

@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 
 from . import commit
+from .fsutil import makedirs_durable
 from .layout import OLD_MARK, TMP_MARK, temp_name
 
 __all__ = ["output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
@@ -103,7 +104,7 @@ def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool]) -> Iterator[list
     outs = [os.path.normpath(out) for out in outs]  # "dir/" is "dir": its temporaries go beside it, not into it
     for out in outs:
         remove_output_leftovers(out)
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        makedirs_durable(os.path.dirname(os.path.abspath(out)), durable=False)
     staged: list[str] = []
     try:
         for out, is_dir in zip(outs, dirs):
