@@ -256,3 +256,160 @@ def test_dismec_metadata_with_an_infinite_count(tmp_path):
     meta.write_text(meta.read_text().replace('"count": 2', '"count": 1e3082'))
     with pytest.raises(xser.DataError, match="files.0: 'count' must be an int, got inf"):
         import_dismec(meta, tmp_path / "out.yaml")
+
+
+# ---------------------------------------------------------------- the manifest's schema, fuzzed field by field
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from components import Norm  # noqa: E402
+
+HOSTILE_TEXT = [",i4", "i4,", "<f4", "|O", "O", "V0", "<U0", "[", "(", "bfloat16", "float8_e4m3fn", "../x", "/etc/passwd",
+                "a/../../b", "a\\b", "\0", "", " ", "x" * 3000, "npy", "safetensors", "spec.yaml", "manifest.json",
+                "xxh3_64", "ffffffffffffffff", "zz", "1e308", "NaN", "-1", "$array", "{EXP_DIR}"]
+JSON_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, -1, 2**31, 2**62, 2**63, 2**64]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(HOSTILE_TEXT), st.text(max_size=12),
+)
+HOSTILE = st.one_of(
+    JSON_LEAF,
+    st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["file", "format", "bytes", "dtype", "shape", "blocks", "start", "key", "offset", "length", "xxh3_64",
+                         "crc32", "tree", "arrays", "$array", "a"]) | st.text(max_size=6), inner, max_size=4), max_leaves=12),
+    st.builds(lambda n: f"__DEEP_{n}__", st.integers(100, 100_000)),  # nested deeper than any parser's stack (see _render)
+)
+
+
+def _render(tree) -> str:
+    """The manifest's JSON, with every ``"__DEEP_n__"`` written as ``n`` nested lists (no encoder could write them)."""
+    import re
+
+    return re.sub(r'"__DEEP_(\d+)__"', lambda m: "[" * int(m.group(1)) + "]" * int(m.group(1)), json.dumps(tree))
+
+
+@pytest.fixture(scope="module")
+def schema_models(tmp_path_factory):
+    """Saved models covering every manifest field xser writes: (files as bytes, the manifest's path)."""
+    out = []
+    for kw in ({"blocks": {"*/W": 4}, "formats": {"*/b": "dense-text", "Norm*": "safetensors"}}, {"shards": 2}, {}):
+        d = tmp_path_factory.mktemp("schema")
+        m = Model(encoder=Linear(4, 6), decoder=Norm(6))
+        with xser.CheckpointSaver(d / "m.yaml", keep=2, **kw) as saver:
+            saver.save(m, step=1, metrics={"acc": 1.5}, training={"lr": 0.1}, custom={"k": [1]},
+                       training_state={"step": 1, "m": np.arange(3.0), "nested": {"v": np.ones((2, 2), np.float32)}})
+        out.append({str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()})
+    return out
+
+
+def _paths(node, prefix=()):
+    """Every path into a JSON tree (the root too)."""
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, prefix + (i,))
+
+
+def _edit(tree, path, action, value):
+    if not path:
+        return value if action != "delete" else {}
+    parent = tree
+    for k in path[:-1]:
+        parent = parent[k]
+    last = path[-1]
+    if action == "delete":
+        del parent[last]
+    elif action == "replace":
+        parent[last] = value
+    elif isinstance(parent, dict):  # "add": a sibling field no xser writes
+        parent[str(value)[:20] if not isinstance(value, str) else value[:20]] = value
+    else:
+        parent.append(value)
+    return tree
+
+
+def _readers(path):
+    from xser.tools.inspect import open_model, verify_model
+    from xser.tools.reader import CheckpointReader
+
+    def inspect():
+        view = open_model(path)
+        view.data.close()
+
+    def reader():
+        with CheckpointReader(path) as r:
+            for n in r.tensor_names():
+                r.read_tensor(n)
+
+    def save_again():
+        obj = xser.load(path)
+        with xser.CheckpointSaver(path, keep=KeepLast(1) | KeepBest(1, "acc")) as s:
+            s.save(obj, step=2, metrics={"acc": 1.0})
+        xser.checkpoints(path)
+
+    from xser.checkpoints.policy import KeepBest, KeepLast
+
+    return [lambda: xser.checkpoints(path), lambda: xser.load(path), lambda: xser.load(path, mmap=True),
+            lambda: xser.read_params(path, verify=True), lambda: xser.load_training_state(path), lambda: xser.resume(path),
+            inspect, lambda: verify_model(path), reader, save_again]
+
+
+class TestManifestSchema:
+    @settings(deadline=None, suppress_health_check=list(__import__("hypothesis").HealthCheck))  # --hypothesis-profile=fuzz: 5,000
+    @given(data=st.data())
+    def test_every_field_missing_mistyped_or_hostile(self, schema_models, tmp_path_factory, data):
+        """One field of a real manifest deleted, replaced by a hostile value (wrong type, huge or negative number,
+        NaN, a comma dtype, a path out of the directory, nesting deeper than the stack) or joined by an unknown one:
+        every reader and a save on top give a result or an XserError, within the memory cap, never another error."""
+        from test_fuzz import within_the_rules
+
+        files = schema_models[data.draw(st.integers(0, len(schema_models) - 1))]
+        tree = json.loads(files["m.yaml.data/manifest.json"])
+        path = data.draw(st.sampled_from(list(_paths(tree))))
+        action = data.draw(st.sampled_from(["delete", "replace", "add"] if path else ["replace"]))
+        tree = _edit(tree, path, action, data.draw(HOSTILE))
+        root = tmp_path_factory.mktemp("m")
+        for rel, raw in files.items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(raw)
+        mp = root / "m.yaml.data" / "manifest.json"
+        os.chmod(mp, 0o644)
+        mp.write_text(_render(tree))
+        for call in _readers(str(root / "m.yaml")):
+            within_the_rules(call, root)
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (",i4", "Linear.0000abcd/W: not a dtype: ',i4' (SyntaxError)"),
+    ("(", "Linear.0000abcd/W: data type '(' not understood"),
+    (["a"], "Linear.0000abcd/W: bad record field 'a'"),
+    ("|O", "Linear.0000abcd/W: object dtypes need pickle and are not supported"),
+])
+def test_manifest_dtype_junk_is_a_data_error(tmp_path, dtype, message):
+    """The fuzz's findings, pinned: a dtype numpy cannot parse is a DataError naming the parameter, not a SyntaxError."""
+    from xser.storage.manifest import parse_manifest
+
+    m = {"format": "xser", "format_version": 1, "subcollections": {"Linear.0000abcd": {"W": {
+        "dtype": dtype, "shape": [2], "blocks": [{"file": "W.npy", "format": "npy", "bytes": 1, "xxh3_64": "00"}]}}}}
+    with pytest.raises(xser.DataError) as info:
+        parse_manifest(json.dumps(m).encode(), "m.json")
+    assert str(info.value) == f"m.json: corrupt manifest: {message}"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"bytes": 3, "xxh3_64": "00"}, "spec: missing field 'file'"),
+    ({"file": "spec.yaml", "xxh3_64": "00"}, "spec: missing field 'bytes'"),
+    ({"file": 7, "bytes": 3, "xxh3_64": "00"}, "file name must be a non-empty string, got 7"),
+])
+def test_manifest_spec_field_missing(tmp_path, spec, message):
+    """A spec block without its file (the fuzz's KeyError: 'file') is a DataError naming the missing field."""
+    from xser.storage.manifest import parse_manifest
+
+    m = {"format": "xser", "format_version": 3, "id": "a", "model": "b", "subcollections": {}, "spec": spec}
+    with pytest.raises(xser.DataError) as info:
+        parse_manifest(json.dumps(m).encode(), "m.json")
+    assert str(info.value) == f"m.json: corrupt manifest: {message}"

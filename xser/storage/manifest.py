@@ -307,9 +307,12 @@ def _spec_block(b: Any, mpath: str) -> Block:
         int(b[sums[0]], 16)
         if not isinstance(b["bytes"], int) or isinstance(b["bytes"], bool) or not 0 <= b["bytes"] <= 1 << 30:
             raise ValueError(f"bad byte size {b['bytes']!r}")
-    except (KeyError, TypeError, ValueError) as err:
+        name = b["file"]
+    except KeyError as err:
+        raise _bad(f"spec: missing field {err.args[0]!r}", mpath) from None
+    except (TypeError, ValueError) as err:
         raise _bad(f"spec: {err}", mpath) from None
-    return Block(_check_name(b["file"], mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
+    return Block(_check_name(name, mpath), "spec", b["bytes"], (sums[0], b[sums[0]].lower()))
 
 
 _BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key", "offset", "length"} | set(CHECKSUMS))

@@ -91,7 +91,12 @@ def parse_dtype(descr) -> np.dtype:
     ext = entry_of(descr)
     if ext is not None:
         return ext
-    dt = npf.descr_to_dtype(_from_json(descr))
+    try:
+        dt = npf.descr_to_dtype(_from_json(descr))
+    except (ValueError, TypeError):
+        raise
+    except Exception as e:  # numpy parses comma strings as Python (",i4": SyntaxError) and recurses into records
+        raise ValueError(f"not a dtype: {str(descr)[:80]!r} ({type(e).__name__})") from None
     why = dtype_problem(dt)
     if why is not None:
         raise ValueError(why)
