@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import xser
-from components import Linear
+from components import Linear, Model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -113,11 +113,97 @@ class TestPartialSaver:
         ps.finalize()
         assert np.array_equal(xser.load(path).W, full)
 
-    def test_object_with_other_names_is_refused(self, tmp_path):
-        """A worker whose object was built separately (other subcollection names) is told how to get the same ones."""
+    def test_object_built_again_is_adopted(self, tmp_path):
+        """An object built again (other random subcollection names, same components) takes over the partial save:
+        keys in its own names or the recorded ones, written()/missing() in its own names."""
+        lin, full, key, path = setup(tmp_path, rows=12)
+        xser.PartialSaver(path, lin).write_rows(key, 0, full[:4])
+        again = Linear(4, 12)
+        mine = f"{xser.params(again).name}/W"
+        assert mine != key
+        ps = xser.PartialSaver(path, again)
+        assert ps.missing() == {mine: [(4, 12)]}
+        assert [n["first"] for n in ps.written()[mine]] == [0]
+        ps.write_rows(mine, 4, full[4:8])
+        ps.write_rows(key, 8, full[8:])  # the recorded name works too
+        ps.finalize()
+        m = xser.load(path)
+        assert np.array_equal(m.W, full) and np.array_equal(m.b, again.b)
+        assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data"]
+
+    @pytest.mark.parametrize("other, detail", [
+        (lambda: Linear(4, 13), "this object has !TLinear at the root with W (13, 4) float32, b (13,) float32, the partial save "
+                                "has !TLinear at the root with W (12, 4) float32, b (12,) float32"),
+        (lambda: Model(encoder=Linear(4, 12)), "this object has !TLinear at encoder with W (12, 4) float32, b (12,) float32, the "
+                                               "partial save has no component there"),
+    ])
+    def test_another_object_is_refused(self, tmp_path, other, detail):
+        """An object whose components differ (place, class, parameter shapes or dtypes) is refused, saying how."""
         lin, _, _, path = setup(tmp_path, rows=12)
         xser.PartialSaver(path, lin)
-        with pytest.raises(xser.DataError, match=r"the object's parameters differ from the partial save in progress .*xser.load.*PartialSaver.join"):
-            xser.PartialSaver(path, Linear(4, 12))
+        with pytest.raises(xser.DataError) as info:
+            xser.PartialSaver(path, other())
+        assert str(info.value).startswith(f"{path}.data.partial: the object's parameters differ from the partial save in "
+                                          f"progress ({detail}")
+        assert str(info.value).endswith("); build the object as the run that started it did, or use PartialSaver.join(path)")
         with pytest.raises(xser.DataError, match="finalize needs the model object"):
             xser.PartialSaver.join(path).finalize()
+
+
+ROWS, BLOCK = 12, 4
+
+
+def _script(path: str) -> None:
+    """The user's script: build the object (new random names on every run), write the blocks not written yet, finalize."""
+    lin = Linear(4, ROWS)
+    lin.b[...] = 7
+    full = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
+    ps = xser.PartialSaver(path, lin)
+    key = f"{xser.params(lin).name}/W"
+    done = {n["first"] for n in ps.written().get(key, [])}
+    for first in range(0, ROWS, BLOCK):
+        if first not in done:
+            ps.write_rows(key, first, full[first:first + BLOCK])
+    ps.finalize(training={"labels": ROWS})
+
+
+def _in_a_process(fn, kill_at: int | None = None) -> bool:
+    """Run ``fn`` in a forked process, SIGKILLed just before its ``kill_at``-th filesystem call; True if it finished."""
+    from crash_child import arm
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if kill_at is not None:
+                arm(kill_at)
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_killed_script_run_again_finishes_the_save(tmp_path):
+    """The script killed before each filesystem call of a partial save in turn (layout, blocks, notes, finalize's
+    publish, removing the blocks); run again, it resumes and gives exactly what an uninterrupted run gives."""
+    whole = str(tmp_path / "whole" / "m.yaml")
+    os.makedirs(os.path.dirname(whole))
+    assert _in_a_process(lambda: _script(whole))
+    (expected,) = xser.read_params(whole).values()
+    for limit in range(1, 500):
+        d = tmp_path / str(limit)
+        d.mkdir()
+        path = str(d / "m.yaml")
+        finished = _in_a_process(lambda: _script(path), kill_at=limit)
+        assert _in_a_process(lambda: _script(path)), f"run again after a kill at call {limit}, the script failed"
+        (got,) = xser.read_params(path, verify=True).values()
+        assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in got), limit
+        assert xser.checkpoints(path)[0].training == {"labels": ROWS}
+        assert sorted(os.listdir(d)) == ["m.yaml", "m.yaml.data"], limit
+        if finished:
+            break
+    else:
+        raise AssertionError("the script never finished")
+    assert limit > 20  # a kill came before every call of the save

@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
-import shutil
 import socket
 from typing import Any
 
+import attrs
 import numpy as np
 
 from ..errors import DataError, Location, did_you_mean, shape_str
 from ..model.serialize import to_tree
-from ..storage.commit import write_text_atomic
+from ..model.registry import info_for
+from ..storage.commit import remove_tree, write_text_atomic
 from ..storage.formats import FORMATS
 from ..storage.formats.npy import describe_dtype, parse_dtype
-from ..storage.fsutil import fsync_dir, makedirs_durable
+from ..storage.fsutil import fsync_dir, makedirs_durable, open_regular
+from ..storage.layout import data_dir_of
 from ..storage.opened import DirHandle
 from ..storage.payloads import FromFile, FromFiles
 
@@ -32,6 +35,23 @@ __all__ = ["PartialSaver"]
 
 
 LAYOUT = "layout.json"
+MAX_LAYOUT = 64 << 20  # bytes of layout.json read at most
+MAX_NOTE = 1 << 16
+
+
+def _note(path: str) -> dict:
+    """A block's note, checked: ``{"first", "count", "file", "bytes", "xxh3_64", "worker"}``."""
+    try:
+        with open_regular(path, "a block note") as f:
+            note = json.loads(f.read(MAX_NOTE))
+        ok = isinstance(note, dict) and all(type(note.get(k)) is int and note[k] >= 0 for k in ("first", "count", "bytes"))
+        if not ok or not all(isinstance(note.get(k), str) for k in ("file", "xxh3_64", "worker")) or note["count"] < 1:
+            raise ValueError(f"not a block note: {str(note)[:200]}")
+        if note["file"] != os.path.basename(path)[: -len(".block.json")] + ".npy":
+            raise ValueError(f"the note names file {note['file']!r}")
+    except (OSError, ValueError) as e:
+        raise DataError(f"unreadable block note: {e}", Location(path)) from None
+    return note
 
 
 class _Decl:
@@ -39,15 +59,62 @@ class _Decl:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
 
 
+@attrs.frozen
+class _Component:
+    """What identifies one component's parameters across processes: its place in the object graph, its
+    class, and its parameters' names, shapes and dtypes (never its subcollection name, drawn at random
+    when the object is built)."""
+
+    path: str  # "the root", "encoder", "layers[2]"
+    cls: str  # the component's registered tag
+    params: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype descr), sorted by name
+
+    def describe(self) -> str:
+        return f"{self.cls} at {self.path} with " + ", ".join(f"{n} {shape_str(s)} {np.dtype(d) if isinstance(d, str) else d}"
+                                                                for n, s, d in self.params)
+
+
+def _components(obj: Any) -> dict[str, _Component]:
+    """``{subcollection name: _Component}`` of an object."""
+    _, subcols = to_tree(obj)
+    out = {}
+    for name, (sub, where) in subcols.items():
+        info = info_for(sub.owner)
+        params = tuple(sorted((d.name, tuple(d.shape), str(describe_dtype(d.dtype))) for d in sub.decls.values()))
+        out[name] = _Component(where, info.tag if info is not None else type(sub.owner).__qualname__, params)
+    return out
+
+
+def _adopt(mine: dict[str, _Component], theirs: dict[str, _Component]) -> dict[str, str] | str:
+    """``{this object's subcollection: the partial save's}`` matching components by place, class and parameters;
+    or what differs (a sentence)."""
+    by_path = {c.path: name for name, c in theirs.items()}
+    mapping, problems = {}, []
+    for name, c in sorted(mine.items(), key=lambda kv: kv[1].path):
+        other = by_path.get(c.path)
+        if other is None:
+            problems.append(f"this object has {c.describe()}, the partial save has no component there")
+        elif theirs[other] != c:
+            problems.append(f"this object has {c.describe()}, the partial save has {theirs[other].describe()}")
+        else:
+            mapping[name] = other
+    for path in sorted(set(by_path) - {c.path for c in mine.values()}):
+        problems.append(f"the partial save has {theirs[by_path[path]].describe()}, this object has no component there")
+    return "; ".join(problems[:3]) if problems else mapping
+
+
 class PartialSaver:
     """Collect row blocks of ``obj``'s parameters under ``path``, then ``finalize()``.
 
-    The first ``PartialSaver`` on a path records the parameters' names, shapes and dtypes in
-    ``<model>.data.partial/layout.json``. Workers in other processes either pass an object with
-    the same subcollection names (built from one saved spec: ``xser.load`` of a model saved
-    once before the workers start) or join without an object: ``PartialSaver.join(path)``.
-    One process that holds the object calls ``finalize``; parameters that never got a block
-    are saved whole from ``obj`` then.
+    The first ``PartialSaver`` on a path records, for every component of the object, its place in
+    the object graph, its class and its parameters' names, shapes and dtypes, with its subcollection
+    name (``<model>.data.partial/layout.json``). A later ``PartialSaver`` on the same path, in any
+    process, resumes it: the object's components are matched to the recorded ones by place, class and
+    parameters, not by name, so a script that was killed and is run again (building its object afresh,
+    with new random subcollection names) goes on where it stopped; keys may use either name. Workers in
+    other processes pass such an object too, or join without one: ``PartialSaver.join(path)``.
+    One process that holds the object calls ``finalize``; parameters that never got a block are saved
+    whole from ``obj`` then.
     """
 
     def __init__(self, path: str | os.PathLike, obj: Any = None, *, worker: str | None = None, durable: bool = True) -> None:
@@ -56,79 +123,114 @@ class PartialSaver:
         self.durable = durable
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.staging = self.path + ".data.partial"
-        recorded = self._read_layout()
+        self._names: dict[str, str] = {}  # this object's subcollection name -> the partial save's (where they differ)
+        recorded, components = self._read_layout()
         if obj is None:
             if recorded is None:
                 raise DataError("no partial save in progress to join (make the first PartialSaver with the model object)", Location(self.staging))
             self.decls = recorded
             return
+        mine = _components(obj)
         _, subcols = to_tree(obj)
         self.decls = {f"{n}/{d.name}": _Decl(d.shape, d.dtype) for n, (sub, _) in subcols.items() for d in sub.decls.values()}
         if recorded is not None:
-            mine = {k: (d.shape, d.dtype) for k, d in self.decls.items()}
-            theirs = {k: (d.shape, d.dtype) for k, d in recorded.items()}
-            if mine != theirs:
-                extra, lack = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
-                detail = f"this object has {', '.join(extra[:3]) or 'the same names'}, the partial save has {', '.join(lack[:3]) or 'the same names'}"
-                raise DataError(
-                    f"the object's parameters differ from the partial save in progress ({detail}); build every worker's "
-                    "object from one saved spec (xser.load) or use PartialSaver.join(path)",
-                    Location(self.staging),
-                )
+            self._resume(mine, recorded, components)
             return
         try:
             makedirs_durable(self.staging, durable=durable)
             for key in self.decls:
                 os.makedirs(os.path.join(self.staging, key.split("/")[0]), exist_ok=True)
-            layout = {k: {"shape": list(d.shape), "dtype": describe_dtype(d.dtype)} for k, d in self.decls.items()}
+            layout = {"version": 2, "subcollections": {
+                n: {"path": c.path, "class": c.cls, "params": {p: {"shape": list(shape), "dtype": dt} for p, shape, dt in c.params}}
+                for n, c in mine.items()}}
             write_text_atomic(os.path.join(self.staging, LAYOUT), json.dumps(layout) + "\n", durable=durable)
         except OSError as e:
             raise DataError(f"cannot start a partial save: {e.strerror or e}", Location(self.staging)) from None
+
+    def _resume(self, mine: dict[str, _Component], recorded: dict[str, _Decl], components: dict[str, _Component] | None) -> None:
+        """Take over the partial save in progress: the same names, or (matched by place, class and parameters) its names."""
+        same = {k: (d.shape, d.dtype) for k, d in self.decls.items()} == {k: (d.shape, d.dtype) for k, d in recorded.items()}
+        if same and (components is None or all(components.get(n) == c for n, c in mine.items())):
+            return
+        found = _adopt(mine, components) if components is not None else None
+        if not isinstance(found, dict):
+            detail = found or "the subcollection names differ, and this older partial save does not record the components' places"
+            raise DataError(
+                f"the object's parameters differ from the partial save in progress ({detail}); build the object as the "
+                "run that started it did, or use PartialSaver.join(path)",
+                Location(self.staging),
+            )
+        self._names = {m: t for m, t in found.items() if m != t}
+        self.decls = recorded
 
     @classmethod
     def join(cls, path: str | os.PathLike, *, worker: str | None = None, durable: bool = True) -> PartialSaver:
         """A worker's saver for a partial save another process started (no model object needed)."""
         return cls(path, None, worker=worker, durable=durable)
 
-    def _read_layout(self) -> dict | None:
+    def _read_layout(self) -> tuple[dict[str, _Decl] | None, dict[str, _Component] | None]:
+        """(``{"sub/param": _Decl}``, ``{sub: _Component}`` or None for a layout written before components were recorded)."""
         lpath = os.path.join(self.staging, LAYOUT)
         try:
-            with open(lpath, encoding="utf-8") as f:
-                raw = json.load(f)
-            return {k: _Decl(tuple(v["shape"]), parse_dtype(v["dtype"])) for k, v in raw.items()}
+            with open_regular(lpath, "the partial save's layout") as f:
+                raw = json.loads(f.read(MAX_LAYOUT + 1))
+            if not isinstance(raw, dict):
+                raise ValueError("not a mapping")
+            if raw.get("version") != 2:  # the first layout: {"sub/param": {"shape", "dtype"}}
+                return {k: _Decl(tuple(v["shape"]), parse_dtype(v["dtype"])) for k, v in raw.items()}, None
+            decls, comps = {}, {}
+            for sub, c in raw["subcollections"].items():
+                params = []
+                for p, v in c["params"].items():
+                    decls[f"{sub}/{p}"] = _Decl(tuple(v["shape"]), parse_dtype(v["dtype"]))
+                    params.append((p, tuple(v["shape"]), str(v["dtype"])))
+                comps[sub] = _Component(str(c["path"]), str(c["class"]), tuple(sorted(params)))
+            return decls, comps
         except FileNotFoundError:
-            return None
+            return None, None
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             raise DataError(f"unreadable partial-save layout: {e}", Location(lpath)) from None
 
+    def _key(self, key: str) -> str:
+        """A key in the partial save's names (this object's names are translated)."""
+        sub, sep, name = key.partition("/")
+        return f"{self._names.get(sub, sub)}{sep}{name}"
+
+    def _shown(self, key: str) -> str:
+        """A key in this object's names (what the caller knows)."""
+        back = {t: m for m, t in self._names.items()}
+        sub, sep, name = key.partition("/")
+        return f"{back.get(sub, sub)}{sep}{name}"
+
     def _decl(self, key: str) -> Any:
-        decl = self.decls.get(key)
+        decl = self.decls.get(self._key(key))
         if decl is None:
-            raise DataError(f"no parameter {key!r}{did_you_mean(key, self.decls)}", Location(self.path))
+            known = [self._shown(k) for k in self.decls]
+            raise DataError(f"no parameter {key!r}{did_you_mean(key, known)}", Location(self.path))
         return decl
 
-    def written(self) -> dict[str, list[dict]]:
-        """The blocks on disk, per ``"sub/param"``, sorted by first row (from every worker)."""
+    def _written(self) -> dict[str, list[dict]]:
+        """The blocks on disk, per ``"sub/param"`` in the partial save's names, sorted by first row."""
         out: dict[str, list[dict]] = {}
         for key in self.decls:
             sub, name = key.split("/")
             d = os.path.join(self.staging, sub)
             notes = []
+            pattern = re.compile(re.escape(name) + r"@[0-9]+-[0-9]+\.block\.json")
             for f in os.listdir(d) if os.path.isdir(d) else []:
-                if f.startswith(name + "@") and f.endswith(".block.json"):
-                    try:
-                        with open(os.path.join(d, f), encoding="utf-8") as fh:
-                            notes.append(json.load(fh))
-                    except (OSError, json.JSONDecodeError) as e:
-                        raise DataError(f"unreadable block note: {e}", Location(os.path.join(d, f))) from None
+                if pattern.fullmatch(f):
+                    notes.append(_note(os.path.join(d, f)))
             if notes:
                 out[key] = sorted(notes, key=lambda n: n["first"])
         return out
 
-    def missing(self) -> dict[str, list[tuple[int, int]]]:
-        """Row ranges ``(first, stop)`` not written yet, for every parameter written in blocks."""
+    def written(self) -> dict[str, list[dict]]:
+        """The blocks on disk, per ``"sub/param"`` (this object's names), sorted by first row (from every worker)."""
+        return {self._shown(k): v for k, v in self._written().items()}
+
+    def _missing(self) -> dict[str, list[tuple[int, int]]]:
         out = {}
-        for key, notes in self.written().items():
+        for key, notes in self._written().items():
             gaps, nxt = [], 0
             for n in notes:
                 if n["first"] > nxt:
@@ -140,6 +242,10 @@ class PartialSaver:
             if gaps:
                 out[key] = gaps
         return out
+
+    def missing(self) -> dict[str, list[tuple[int, int]]]:
+        """Row ranges ``(first, stop)`` not written yet, for every parameter written in blocks (this object's names)."""
+        return {self._shown(k): v for k, v in self._missing().items()}
 
     def write_rows(self, key: str, first: int, rows: Any) -> str:
         """Write rows ``first .. first + len(rows)`` of parameter ``key`` as one block file; returns its path."""
@@ -155,7 +261,8 @@ class PartialSaver:
         stop = first + rows.shape[0]
         if not (0 <= first < stop <= decl.shape[0]):
             raise DataError(f"rows ({first}, {stop}) are outside the parameter's {decl.shape[0]} rows", where)
-        for n in self.written().get(key, []):
+        key = self._key(key)
+        for n in self._written().get(key, []):
             if first < n["first"] + n["count"] and n["first"] < stop:
                 raise DataError(
                     f"rows ({first}, {stop}) overlap the block ({n['first']}, {n['first'] + n['count']}) written by {n['worker']}", where
@@ -184,13 +291,13 @@ class PartialSaver:
 
         if self.obj is None:
             raise DataError("finalize needs the model object: call it on a PartialSaver made with one", Location(self.staging))
-        written = self.written()
+        written = self._written()
         problems = []
         for key, notes in written.items():
             nxt = 0
             for n in notes:
                 if n["first"] < nxt:
-                    problems.append(f"{key}: blocks overlap at row {n['first']}")
+                    problems.append(f"{self._shown(key)}: blocks overlap at row {n['first']}")
                 nxt = max(nxt, n["first"] + n["count"])
         for key, gaps in self.missing().items():
             problems.append(f"{key}: rows {', '.join(f'{a}-{b - 1}' for a, b in gaps)} are missing")
@@ -210,9 +317,10 @@ class PartialSaver:
                         raise DataError(f"block file has {actual} bytes, its note says {n['bytes']}", Location(src.where(rel)))
                     files.append(FromFile(src, rel, decl.dtype, (n["count"],) + decl.shape[1:], n["bytes"],
                                           ("xxh3_64", n["xxh3_64"]), (n["first"],) + (0,) * (len(decl.shape) - 1)))
-                replace[key] = FromFiles(decl.dtype, decl.shape, tuple(files))
+                replace[self._shown(key)] = FromFiles(decl.dtype, decl.shape, tuple(files))
             save_model(self.obj, self.path, SaveOptions(self.durable), name=name, training=training, custom=custom, replace=replace)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        # one rename takes the blocks away (a kill while deleting them never leaves a partial save with holes), then delete
+        remove_tree(self.staging, data_dir_of(self.path, 0))
         if self.durable:
             try:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
