@@ -32,7 +32,7 @@ from .yamlio import Doc, Tagged, parse, read, read_text, rewrite_children
 
 __all__ = [
     "MODEL_PATH", "SPEC_FORMAT", "HandEdit", "SavedModel", "absolute_paths", "edit_lost", "hand_edit", "relative_paths", "is_saved",
-    "open_saved", "render_saved", "spec_header", "top_level_state", "with_spec",
+    "open_saved", "render_saved", "spec_header", "top_level_state", "with_edit", "with_spec",
 ]
 
 _log = logging.getLogger("xser")

@@ -10,11 +10,13 @@ Aliases are expanded as copies (only ``!Ref`` shares), and expansion is bounded.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from ..errors import Location, SpecError
@@ -288,10 +290,48 @@ def _yaml(fast: bool) -> YAML:
     return y
 
 
+#: A text whose nesting cannot exceed this (``_depth_bound``) is composed without looking at its events first.
+#: ruamel's composer recurses once per level (libyaml's C one overflows the stack, SIGSEGV, near 25,000).
+SAFE_BOUND = 1000
+#: the longest run of indentation and block indicators (``- ``, ``? ``, ``: ``) at the start of a line
+_LEADING = re.compile(r"^[ \t?:-]*", re.M)
+
+
+def _depth_bound(text: str) -> int:
+    """An upper bound on how deeply ``text`` nests collections, from its characters alone (no parser).
+
+    A block collection nested in another starts at a greater column, or at the same one once (a sequence as a
+    mapping's value), and a nested sequence entry is two columns further: block depth is at most the leading run of a
+    line plus 2. Flow depth is at most the number of ``[`` and ``{``. Tags, anchors and aliases add no nesting that
+    the composer recurses into."""
+    lead = max((len(m) for m in _LEADING.findall(text)), default=0)
+    return lead + 2 + text.count("[") + text.count("{")
+
+
+def _check_depth(text: str, fname: str | None) -> None:
+    """Refuse ``text`` nested more than ``MAX_DEPTH`` levels deep *before* it is composed (the composers recurse per
+    level; libyaml's kills the process). Only a text whose ``_depth_bound`` is over ``SAFE_BOUND`` is looked at: its
+    parse events (the parsers keep their own stacks: no recursion), stopped at the first level too deep."""
+    if _depth_bound(text) <= SAFE_BOUND:
+        return
+    depth = 0
+    try:
+        for event in _yaml(_CParser is not None).parse(text):
+            if isinstance(event, CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise SpecError(f"nested more than {MAX_DEPTH} levels deep", _loc(fname, event))
+            elif isinstance(event, CollectionEndEvent):
+                depth -= 1
+    except YAMLError:
+        return  # a syntax error before any level too deep: composing stops there too, and words it
+
+
 def _compose(text: str, fname: str | None) -> tuple[Any, YAML]:
     """The node graph of ``text``; ruamel's warnings (a reused anchor is legal YAML: the later one wins) stay quiet."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _check_depth(text, fname)
         return _compose_quietly(text, fname)
 
 

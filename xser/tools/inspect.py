@@ -16,7 +16,7 @@ from ..api import retrying
 from ..errors import CheckpointError, DataError, Location
 from ..spec import Tagged, children, format_path
 from ..storage.dtypes import find
-from ..spec.saved import MODEL_PATH, SavedModel, hand_edit, open_saved, top_level_state, with_spec
+from ..spec.saved import MODEL_PATH, SavedModel, hand_edit, open_saved, top_level_state, with_edit, with_spec
 from ..storage.layout import models_in, slot_of
 from ..storage.listing import Checkpoint, checkpoints, scan
 from .convert import spec_subcols
@@ -268,7 +268,7 @@ def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
             saved = open_saved(path, checkpoint)  # nothing to take: its error says why (no model, not a saved spec...)
         else:
             try:
-                saved = with_spec(path, data)
+                saved = with_edit(with_spec(path, data))  # a top-level file edited by hand is what load builds
             except BaseException:
                 data.close()
                 raise
