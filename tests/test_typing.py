@@ -84,3 +84,41 @@ def test_checkpoint_records_and_save_reports_are_typed(tmp_path):
         'Revealed type is "tuple[xser.storage.listing.Checkpoint, ...]"',
     ], r.stdout
     assert errors == ['Incompatible types in assignment (expression has type "float", variable has type "str")  [assignment]'], r.stdout
+
+
+def test_params_add_is_typed(tmp_path):
+    """params().add gives a numpy array whose dtype mypy --strict knows (default float32, dtype= a numpy type, a dtype
+    or a name), and a torch.Tensor in a torch component; a wrong use is an error, not Any."""
+    pytest.importorskip("torch", reason="the torch half needs torch")
+    (tmp_path / "p.py").write_text(
+        "import numpy as np\nimport numpy.typing as npt\nimport torch\nimport xser\n\n\n"
+        "@xser.serializable\nclass Lin:\n    n: int\n\n"
+        "    def __attrs_post_init__(self) -> None:\n"
+        "        p = xser.params(self)\n"
+        "        self.W: npt.NDArray[np.float32] = p.add('W', (self.n, 2))\n"
+        "        self.b: npt.NDArray[np.float64] = p.add('b', 2, dtype=np.float64)\n"
+        "        self.c: npt.NDArray[np.int64] = p.add('c', [2], dtype='int64', init='zeros', trainable=False)\n"
+        "        self.d: npt.NDArray[np.int8] = p.add('d', 2, dtype=np.dtype(np.int8))\n"
+        "        self.e: npt.NDArray[np.uint8] = p.add('e', 2, dtype='bfloat16')\n"
+        "        self.f: npt.NDArray[np.float64] = p.add('f', 2)\n"
+        "        self.g: npt.NDArray[np.float32] = p.add('g', 2, dtype='int32')\n"
+        "        self.s: xser.Subcollection = p\n"
+        "        p.add('h', 2, trainabel=False)\n\n\n"
+        "@xser.serializable\nclass Net(torch.nn.Module):\n    dim: int = 3\n\n"
+        "    def __attrs_post_init__(self) -> None:\n"
+        "        p = xser.params(self)\n"
+        "        self.gate: torch.Tensor = p.add('gate', (self.dim,), init='ones')\n"
+        "        self.count: torch.Tensor = p.add('count', (), dtype=torch.int64, trainable=False)\n"
+        "        self.again: torch.Tensor = p['gate']\n"
+        "        self.wrong: npt.NDArray[np.float32] = p.add('wrong', 2)\n"
+    )
+    r = _mypy(tmp_path / "p.py")
+    errors = [line.split(": error: ")[1] for line in r.stdout.splitlines() if ": error: " in line]
+    lines = [int(line.split(":")[1]) for line in r.stdout.splitlines() if ": error: " in line]
+    # the numpy names of the types differ between numpy versions (floating[_32Bit] or float32): the lines and kinds are exact
+    assert lines == [18, 19, 21, 21, 33], r.stdout
+    assert errors[0].startswith("Incompatible types in assignment") and "float64" in errors[0].split("variable has type")[1]
+    assert errors[1].startswith("Incompatible types in assignment") and "signedinteger" in errors[1].split("variable")[0]
+    assert errors[2].startswith('Unexpected keyword argument "trainabel" for overloaded function "add" of "Subcollection"')
+    assert errors[3].startswith('No overload variant of "add" of "Subcollection" matches argument types')
+    assert errors[4].startswith('Incompatible types in assignment (expression has type "Tensor", variable has type "ndarray')

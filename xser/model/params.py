@@ -12,7 +12,7 @@ import hashlib
 import re
 import secrets
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 import attrs
 import numpy as np
@@ -22,9 +22,17 @@ from ..errors import DataError, Location, RegistryError, shape_str
 from ..storage.dtypes import dtype_problem, resolve
 from .names import NAME_RE, _shape
 from .tables import SEP, HashTable, new_table
+from .param_types import AddOptions, ParamDecl, ShapeLike, TorchLike, TorchParams
+from .places import GONE, get_place, places_of, put_place, show_place
 from .registry import info_for
 
-__all__ = ["INITS", "ParamDecl", "Subcollection", "params", "subcollection_of"]
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from typing_extensions import Unpack
+
+__all__ = ["INITS", "ParamDecl", "Subcollection", "TorchParams", "params", "subcollection_of"]
+
+_S = TypeVar("_S", bound=np.generic)
 
 _PARAMS = "_xser_params"  # the Subcollection, on the owner's __dict__
 PRESET_NAME = "_xser_subcol_name"  # set by the builder before __init__ runs
@@ -61,15 +69,6 @@ _DEFAULT_RNG = np.random.default_rng()
 
 
 
-@attrs.frozen
-class ParamDecl:
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    trainable: bool
-    format: str | None = None  # weight format to store it in (None: npy, or what save() says)
-
-
 class Subcollection:
     """The parameters of one component, under one unique name (``Linear.98dc700f``)."""
 
@@ -84,6 +83,34 @@ class Subcollection:
         self._partial: dict[str, tuple[int, int]] = {}  # param -> rows held, for a model loaded with rows=
         self._tables: dict[str, HashTable] = {}
 
+    # what type checkers see: the array's dtype follows ``dtype`` (default float32); see param_types
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["float32"] = ..., **kw: Unpack[AddOptions]) -> NDArray[np.float32]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: type[_S] | np.dtype[_S], **kw: Unpack[AddOptions]) -> NDArray[_S]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["float64"], **kw: Unpack[AddOptions]) -> NDArray[np.float64]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["float16"], **kw: Unpack[AddOptions]) -> NDArray[np.float16]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["int8"], **kw: Unpack[AddOptions]) -> NDArray[np.int8]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["int16"], **kw: Unpack[AddOptions]) -> NDArray[np.int16]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["int32"], **kw: Unpack[AddOptions]) -> NDArray[np.int32]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["int64"], **kw: Unpack[AddOptions]) -> NDArray[np.int64]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["uint8"], **kw: Unpack[AddOptions]) -> NDArray[np.uint8]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["bool"], **kw: Unpack[AddOptions]) -> NDArray[np.bool_]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["complex64"], **kw: Unpack[AddOptions]) -> NDArray[np.complex64]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Literal["complex128"], **kw: Unpack[AddOptions]) -> NDArray[np.complex128]: ...
+    @overload
+    def add(self, name: str, shape: ShapeLike, *, dtype: Any, **kw: Unpack[AddOptions]) -> NDArray[Any]: ...
+
     def add(
         self,
         name: str,
@@ -93,7 +120,7 @@ class Subcollection:
         dtype: Any = "float32",
         trainable: bool = True,
         format: str | None = None,
-    ) -> np.ndarray:
+    ) -> Any:
         """Declare a parameter and return its array (from disk when loading, else initialised).
 
         ``format`` names the weight format it is saved in (``"npy"``, ``"dense-text"``,
@@ -191,10 +218,10 @@ class Subcollection:
                 Location(path=self.name),
             )
         for place in self._places.get(name, []):
-            _put(self._owner, place, value)
+            put_place(self._owner, place, value)
         self._arrays[name] = value
         self._partial.pop(name, None)
-        self._places[name] = [p for p in self._places.get(name, []) if _get(self._owner, p) is value]
+        self._places[name] = [p for p in self._places.get(name, []) if get_place(self._owner, p) is value]
 
     @property
     def owner(self) -> Any:
@@ -245,7 +272,7 @@ class Subcollection:
         list held in an attribute. Called when the component's constructor returns."""
         owned = getattr(self._owner, "__dict__", {})
         for name, arr in self._arrays.items():
-            self._places[name] = [p for p in _places_of(owned) if _get(self._owner, p) is arr]
+            self._places[name] = [p for p in places_of(owned) if get_place(self._owner, p) is arr]
 
     def __contains__(self, name: object) -> bool:
         return name in self._decls
@@ -290,15 +317,15 @@ class Subcollection:
             arr = self._arrays[name]
             changed = {}
             for place in self._places.get(name, []):
-                now = _get(self._owner, place, _GONE)
-                if now is not arr and now is not _GONE:
+                now = get_place(self._owner, place, GONE)
+                if now is not arr and now is not GONE:
                     changed.setdefault(id(now), (place, now))
             if changed:
                 place, now = next(iter(changed.values()))
-                where = _show(place)
+                where = show_place(place)
                 how = f"update it in place (obj{where[len('attribute '):]}[...] = new) or with xser.params(obj)[{name!r}] = new"
                 if len(changed) > 1:
-                    shown = " and ".join(_show(p) for p, _ in changed.values())
+                    shown = " and ".join(show_place(p) for p, _ in changed.values())
                     raise DataError(f"param {name!r}: {shown} hold different new values; {how}", Location(path=self.name))
                 if not isinstance(now, np.ndarray):
                     kind = f"{type(now).__module__}.{type(now).__qualname__}".replace("builtins.", "")
@@ -315,7 +342,7 @@ class Subcollection:
                         Location(path=self.name),
                     )
                 self._arrays[name] = arr = now
-                self._places[name] = [p for p in self._places[name] if _get(self._owner, p, _GONE) is now]
+                self._places[name] = [p for p in self._places[name] if get_place(self._owner, p, GONE) is now]
             if arr.shape != decl.shape or arr.dtype != decl.dtype:
                 raise DataError(
                     f"param {name!r} holds {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
@@ -338,45 +365,6 @@ class Subcollection:
         return f"<Subcollection {self.name} {{{', '.join(parts)}}}>"
 
 
-_GONE = object()
-
-
-def _places_of(owned: dict) -> Iterator[tuple]:
-    """Every place one level into the owner's attributes: ("attr", a), ("item", a, key or index)."""
-    for attr, value in list(owned.items()):
-        if attr.startswith("_xser_"):
-            continue
-        yield ("attr", attr)
-        if isinstance(value, dict):
-            for key in list(value):
-                yield ("item", attr, key)
-        elif isinstance(value, (list, tuple)):
-            for i in range(len(value)):
-                yield ("item", attr, i)
-
-
-def _get(owner: Any, place: tuple, default: Any = None) -> Any:
-    value = getattr(owner, "__dict__", {}).get(place[1], default)
-    if place[0] == "attr" or value is default:
-        return value
-    try:
-        return value[place[2]]
-    except (KeyError, IndexError, TypeError):
-        return default
-
-
-def _put(owner: Any, place: tuple, new: Any) -> None:
-    d = getattr(owner, "__dict__", {})
-    if place[0] == "attr":
-        d[place[1]] = new
-    elif isinstance(d.get(place[1]), (dict, list)):
-        d[place[1]][place[2]] = new
-
-
-def _show(place: tuple) -> str:
-    return f"attribute .{place[1]}" if place[0] == "attr" else f"attribute .{place[1]}[{place[2]!r}]"
-
-
 def fresh_name(cls: type, where: str | None = None) -> str:
     """``ClassName.<8 hex>``, unique within the current build: random, or (a build with a seed) a hash of the
     seed and the component's path in the spec (``where``; components made by constructors count in order)."""
@@ -396,8 +384,15 @@ def fresh_name(cls: type, where: str | None = None) -> str:
             return name
 
 
-def params(owner: Any) -> Subcollection:
-    """The subcollection of ``owner`` (created on the first call, the same object afterwards)."""
+@overload
+def params(owner: TorchLike) -> TorchParams: ...
+@overload
+def params(owner: object) -> Subcollection: ...
+
+
+def params(owner: Any) -> Any:
+    """The subcollection of ``owner`` (created on the first call, the same object afterwards): a ``Subcollection``,
+    or for a ``torch.nn.Module`` one whose arrays are its tensors (``TorchParams`` to type checkers)."""
     d = getattr(owner, "__dict__", None)
     if d is None:
         raise RegistryError(f"{type(owner).__qualname__}: xser.params needs an instance with a __dict__ (attrs slots=False)")

@@ -102,7 +102,7 @@ class TorchSubcollection(Subcollection):
         self._filled: set[str] = set()  # declared with add() while loading: already read from disk
 
     # -- declaring
-    def add(self, name: str, shape: Any, *, init: Any = "zeros", dtype: Any = "float32", trainable: bool = True,
+    def add(self, name: str, shape: Any, *, init: Any = "zeros", dtype: Any = "float32", trainable: bool = True,  # type: ignore[override]
             format: str | None = None) -> torch.Tensor:
         """Declare a tensor: a registered ``torch.nn.Parameter`` (a buffer if ``trainable=False``), read from disk
         when loading, else initialised; float32 by default (torch dtypes are accepted)."""
