@@ -168,6 +168,14 @@ class TestBadInput:
         (lambda m: m.update(row="2"), "row must be an int >= 0, got '2'"),
         (lambda m: m["partMetas"]["0"].update(offset=-1), "partition 0: offset must be an int >= 0, got -1"),
         (lambda m: m["partMetas"]["0"].pop("rowMetas"), "0: 6 records, the row metadata says 0"),
+        # a forged length: checked against the file before reading (it was a MemoryError) or allocating
+        (lambda m: m["partMetas"]["0"].update(length=2**40), "0: partition 0 is truncated: 47 of 1099511627776 bytes at offset 0"),
+        (lambda m: (m.update(row=2**17, col=2**17), m["partMetas"]["0"].update(endRow=2**17, endCol=2**17, length=2**40)),
+         "0: partition 0 is truncated: 47 of 1099511627776 bytes at offset 0"),
+        (lambda m: m["partMetas"]["0"].update(offset=40), "0: partition 0 is truncated: 7 of 47 bytes at offset 40"),
+        (lambda m: m["partMetas"]["0"].update(fileName="1"), "1: partition 0: data file missing"),
+        (lambda m: m["partMetas"]["0"]["rowMetas"]["1"].update(elementNum="3"), "rowMetas['1'].elementNum must be an int >= 0, got '3'"),
+        (lambda m: m["partMetas"]["0"]["rowMetas"]["1"].update(rowId=0), "rowMetas list a row twice"),
     ]
 
     @pytest.mark.parametrize("edit, message", FORGED)
@@ -427,3 +435,33 @@ def test_angel_layouts_come_back_byte_for_byte(tmp_path):
     back = json.loads((tmp_path / "o2" / "emb" / "_meta").read_bytes()[4:])
     assert (back["rowType"], back["matrixId"], back["blockRow"]) == (9, 3, 10)
     assert np.array_equal(read_angel(tmp_path / "o2" / "emb")[1], w)
+
+
+@pytest.mark.parametrize("victim, kind, what", [
+    ("_meta", "fifo", "_meta is not a regular file (a FIFO: never read, as it could block forever)"),
+    ("_meta", "dir", "_meta is not a regular file (a directory: never read, as it could block forever)"),
+    ("0", "fifo", "partition 0: not a regular file"),
+    ("0", "dir", "partition 0: not a regular file"),
+])
+def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
+    """A FIFO or a directory as _meta or a data file is a DataError at once, never waited for."""
+    import os
+    import threading
+
+    d, _ = angel_dir(tmp_path)
+    (d / victim).unlink()
+    os.mkfifo(d / victim) if kind == "fifo" else (d / victim).mkdir()
+    result: dict = {}
+
+    def run():
+        try:
+            read_angel(d)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "blocked"
+    assert isinstance(result.get("error"), xser.DataError), result
+    assert str(result["error"]) == f"{d / victim}: {what}"

@@ -366,3 +366,41 @@ def test_split_export_names(tmp_path, labels, split, names):
     model, param = _plain_model(tmp_path, np.ones((labels, 2), np.float32))
     written = export_dismec(model, param, tmp_path / "o" / "model.json", split_files=split, layout="split", format="DenseNPY")
     assert [os.path.basename(p) for p in written] == [*names, "model.json"]
+
+
+def _returns_soon(call, seconds: float = 30.0):
+    """Run ``call`` in a thread: it must finish (a FIFO opened for reading without a writer would block forever)."""
+    import threading
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "blocked"
+    return result
+
+
+@pytest.mark.parametrize("victim, kind, what", [
+    ("model.json", "fifo", "metadata file is not a regular file (a FIFO: never read, as it could block forever)"),
+    ("model.json.weights", "fifo", "weight file is not a regular file (a FIFO: never read, as it could block forever)"),
+    ("model.json.weights", "dir", "weight file is not a regular file (a directory: never read, as it could block forever)"),
+    ("model.json", "dir", "metadata file is not a regular file (a directory: never read, as it could block forever)"),
+])
+@pytest.mark.parametrize("folder", ["DenseTXT", "DenseNPY"])
+def test_special_files_are_refused_not_waited_for(tmp_path, folder, victim, kind, what):
+    """A FIFO or a directory in place of the metadata or a weight file is a DataError at once (a FIFO blocked forever;
+    a directory as metadata was an IsADirectoryError)."""
+    d = tmp_path / "in"
+    shutil.copytree(DATA / folder, d)
+    (d / victim).unlink()
+    os.mkfifo(d / victim) if kind == "fifo" else (d / victim).mkdir()
+    result = _returns_soon(lambda: import_dismec(d / "model.json", tmp_path / "m.yaml"))
+    assert isinstance(result.get("error"), xser.DataError), result
+    assert str(result["error"]) == f"{d / victim}: {what}"

@@ -11,12 +11,16 @@ one is ``pytest tests/test_fuzz.py --hypothesis-profile=fuzz`` (5,000 examples p
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import os
+import re
 import shutil
+import struct
 import sys
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,13 +30,21 @@ from hypothesis import strategies as st
 import xser
 from test_recis import write_worked_example
 from components import Linear, Model, Norm
-from xser.interop.angel import export_angel, read_angel
+from xser.interop.angel import FORMATS as ANGEL_FORMATS
+from xser.interop.angel import export_angel, import_angel, read_angel
 from xser.interop.dismec import import_dismec
 from xser.interop.xnmt import import_xnmt
 
 DATA = Path(__file__).parent / "data"
 MEMORY_CAP = 256 << 20
 FUZZ = settings(deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def fewer(n: int) -> settings:
+    """FUZZ with ``n`` examples in the default run (a target that costs about a second an example under tracemalloc);
+    a profile asking for more (``--hypothesis-profile=fuzz``) gets its own count."""
+    return settings(FUZZ, max_examples=max(n, settings.default.max_examples) if settings.default.max_examples > 100 else n,
+                    deadline=5000)
 TOKENS = [b"-1", b"0", b"1e308", b"99999999999999999999", b"9223372036854775807", b"[", b"{", b"null", b"\xff\xfe",
           b"\x00", b"'", b'"', b"\n", b"!!python/object:os.system", b"*a", b"&a", b"../", b"/etc/passwd", b"NaN"]
 
@@ -54,6 +66,50 @@ def mutated(draw, raw: bytes) -> bytes:
             end = min(len(data), pos + draw(st.integers(1, 8)))
             data[pos:end] = draw(st.sampled_from(TOKENS))
     return bytes(data)
+
+
+HOSTILE = [-1, 0, 2**31, 2**63, -(2**63) - 1, 10**12, 10**6, 1e308, -0.0, 1.5, float("inf"), "x", "", "../x", None, True, [],
+           {}, [1, 2], {"a": 1}]
+NUMBERS = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+@st.composite
+def renumbered(draw, raw: bytes) -> bytes:
+    """``raw`` with one to three of its numbers replaced by hostile ones (huge, negative, 2^31, 2^63, not numbers)."""
+    data = raw
+    for _ in range(draw(st.integers(1, 3))):
+        found = list(NUMBERS.finditer(data))
+        if not found:
+            break
+        m = draw(st.sampled_from(found))
+        data = data[: m.start()] + draw(st.sampled_from(TOKENS + [b"2147483648", b"4294967296", b"-9223372036854775809",
+                                                                   b"1e-400", b"1" * 40, b"65536"])) + data[m.end():]
+    return data
+
+
+@st.composite
+def json_edited(draw, obj: Any) -> Any:
+    """``obj`` (parsed JSON) with one or two values replaced by hostile ones (or a key removed)."""
+    obj = copy.deepcopy(obj)
+    for _ in range(draw(st.integers(1, 2))):
+        paths = list(_json_paths(obj))
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = obj
+        for k in path[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and draw(st.integers(0, 6)) == 0:
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = draw(st.sampled_from(HOSTILE))
+    return obj
+
+
+def _json_paths(obj: Any, prefix: tuple = ()) -> Any:
+    for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else []):
+        yield prefix + (k,)
+        yield from _json_paths(v, prefix + (k,))
 
 
 def within_the_rules(call, root: Path) -> None:
@@ -180,29 +236,36 @@ class TestSavedModels:
 
 class TestImporters:
     @FUZZ
-    @given(data=st.data())
-    def test_dismec(self, tmp_path_factory, data):
-        """DiSMEC++ metadata and weight files written by DiSMEC++, mutated."""
+    @given(data=st.data(), folder=st.sampled_from(["DenseTXT", "SparseTXT", "DenseNPY", "split-DenseNPY"]))
+    def test_dismec(self, tmp_path_factory, data, folder):
+        """DiSMEC++ metadata and weight files written by DiSMEC++ (every fixture), their bytes or numbers mutated, or the
+        metadata's values replaced by hostile ones; imported whole and with --partial."""
         root = tmp_path_factory.mktemp("f")
         src = root / "in"
-        shutil.copytree(DATA / "dismec" / "DenseTXT", src)
+        shutil.copytree(DATA / "dismec" / folder, src)
         victim = data.draw(st.sampled_from(sorted(p.name for p in src.iterdir())))
         raw = (src / victim).read_bytes()
-        (src / victim).write_bytes(data.draw(mutated(raw[:4000])) + raw[4000:])
-        within_the_rules(lambda: import_dismec(src / "model.json", root / "out.yaml"), root)
+        how = data.draw(st.sampled_from(["bytes", "numbers", "json"] if victim == "model.json" else ["bytes", "numbers"]))
+        if how == "json":
+            (src / victim).write_text(json.dumps(data.draw(json_edited(json.loads(raw)))))
+        else:
+            (src / victim).write_bytes(data.draw(mutated(raw[:4000]) if how == "bytes" else renumbered(raw[:4000])) + raw[4000:])
+        partial = data.draw(st.booleans())
+        within_the_rules(lambda: import_dismec(src / "model.json", root / "out.yaml", durable=False, partial=partial), root)
 
-    @FUZZ
+    @fewer(25)
     @given(data=st.data())
     def test_xnmt(self, tmp_path_factory, data):
-        """An XNMT model and its DyNet text files, written by XNMT, mutated."""
+        """An XNMT model and its DyNet text files, written by XNMT, bytes or numbers (dimensions too) mutated."""
         root = tmp_path_factory.mktemp("f")
         src = root / "in"
         shutil.copytree(DATA / "xnmt" / "trained", src)
         files = sorted(p for p in src.rglob("*") if p.is_file())
         victim = data.draw(st.sampled_from(files))
         raw = victim.read_bytes()
-        victim.write_bytes(data.draw(mutated(raw[:3000])) + raw[3000:])
-        within_the_rules(lambda: import_xnmt(src / "tiny-train.mod", root / "out.yaml"), root)
+        edit = mutated if data.draw(st.booleans()) else renumbered
+        victim.write_bytes(data.draw(edit(raw[:3000])) + raw[3000:])
+        within_the_rules(lambda: import_xnmt(src / "tiny-train.mod", root / "out.yaml", durable=False), root)
 
     @FUZZ
     @given(data=st.data())
@@ -241,16 +304,33 @@ class TestImporters:
         within_the_rules(read_all, root)
 
     @FUZZ
-    @given(data=st.data(), fmt=st.sampled_from(["colid-value-text", "value-binary", "rowid-colid-value-binary", "binary-column", "text-column"]))
-    def test_angel(self, tmp_path_factory, data, fmt):
-        """Angel matrix directories (_meta and partitions), mutated."""
+    @given(data=st.data(), rt=st.sampled_from([0, 7, 9, 10, 12, 5, 14, 19, 21, 26]))
+    def test_angel(self, tmp_path_factory, data, rt):
+        """Angel matrix directories in every format and row type (dense, sparse, long keys; double, float, long, int),
+        several partitions and files: bytes or numbers of a file mutated, or _meta values replaced by hostile ones;
+        imported, and read with separators given as regexes."""
         from strategies import leaf_of
+        from xser.storage.formats.angel_codec import row_type
 
+        vtype, _, dense = row_type(rt)
+        fmt = data.draw(st.sampled_from(sorted(f for f in ANGEL_FORMATS if dense or not f.startswith("value"))))
         root = tmp_path_factory.mktemp("f")
-        leaf = leaf_of({"w": np.arange(12, dtype=np.float32).reshape(4, 3)})
+        w = (np.arange(12).reshape(4, 3) - 3).astype(vtype.newbyteorder("="))
+        if not dense:
+            w[:, 1] = 0
+        leaf = leaf_of({"w": w})
         xser.save(leaf, root / "m.yaml", durable=False)
-        export_angel(root / "m.yaml", f"{xser.params(leaf).name}/w", root / "out", format=fmt, block_rows=2)
+        export_angel(root / "m.yaml", f"{xser.params(leaf).name}/w", root / "out", format=fmt, row_type=rt,
+                     block_rows=data.draw(st.sampled_from([1, 2, 4])), per_file=data.draw(st.sampled_from([1, 5])))
         mdir = root / "out" / "w"
         victim = data.draw(st.sampled_from(sorted(mdir.iterdir())))
-        victim.write_bytes(data.draw(mutated(victim.read_bytes())))
-        within_the_rules(lambda: read_angel(mdir), root)
+        raw = victim.read_bytes()
+        how = data.draw(st.sampled_from(["bytes", "numbers", "json"] if victim.name == "_meta" else ["bytes", "numbers"]))
+        if how == "json":
+            body = json.dumps(data.draw(json_edited(json.loads(raw[4:])))).encode()
+            victim.write_bytes(struct.pack(">i", len(body)) + body)
+        else:
+            victim.write_bytes(data.draw(mutated(raw) if how == "bytes" else renumbered(raw)))
+        within_the_rules(lambda: import_angel(mdir, root / "i.yaml", durable=False), root)
+        sep = data.draw(st.sampled_from([",", "|", "(", ",+", "\\d", "[,;]"]))
+        within_the_rules(lambda: read_angel(mdir, sep=sep), root)

@@ -159,3 +159,34 @@ def test_yaml_11_meaning_is_kept(tmp_path):
         assert yaml.safe_load(dump({"v": values}, yaml11=True))["v"] == values
 
     agree()
+
+
+@pytest.mark.parametrize("victim, kind, what", [
+    ("tiny-train.mod", "fifo", "XNMT model is not a regular file (a FIFO: never read, as it could block forever)"),
+    ("data", "fifo", "DyNet data file is not a regular file (a FIFO: never read, as it could block forever)"),
+    ("data", "dir", "DyNet data file is not a regular file (a directory: never read, as it could block forever)"),
+])
+def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
+    """A FIFO (or a directory) in place of the model file or a DyNet file is a DataError at once, never waited for."""
+    import shutil
+    import threading
+
+    src = tmp_path / "in"
+    shutil.copytree(FIX, src)
+    path = src / victim if victim != "data" else sorted((src / "tiny-train.mod.data").iterdir())[0]
+    path.unlink()
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    result: dict = {}
+
+    def run():
+        try:
+            import_xnmt(src / "tiny-train.mod", tmp_path / "m.yaml", durable=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "blocked"
+    assert isinstance(result.get("error"), xser.DataError), result
+    assert str(result["error"]) == f"{path}: {what}"

@@ -32,6 +32,7 @@ from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FIL
 from ..storage.formats.angel_text import readable_separator
 from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
+from ..storage.fsutil import open_regular, read_regular
 from ..storage.replace import replaced_output
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
@@ -264,17 +265,9 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
     d = os.fspath(matrix_dir)
     mpath = os.path.join(d, "_meta")
     mwhere = Location(mpath)
-    try:
-        fd = os.open(mpath, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise DataError("no _meta file (not an Angel matrix directory?)", mwhere) from None
-    except OSError as e:
-        raise DataError(f"cannot read _meta: {e.strerror or e}", mwhere) from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_META:
-            raise DataError(f"_meta must be a regular file of at most {MAX_META} bytes", mwhere)
-        raw = fh.read(st.st_size)
+    if not os.path.lexists(mpath):
+        raise DataError("no _meta file (not an Angel matrix directory?)", mwhere)
+    raw = read_regular(mpath, "_meta", limit=MAX_META)
     if len(raw) < 4:
         raise DataError("_meta is shorter than its 4-byte length prefix", mwhere)
     (n,) = struct.unpack(">i", raw[:4])
@@ -305,6 +298,7 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
     if not isinstance(parts, dict):
         raise DataError("partMetas must be a mapping", mwhere)
     boxes, reads = [], []
+    sizes: dict[str, int] = {}
     for pid, pm in parts.items():
         start, size = _partition_box(str(pid), pm, rows, cols, mwhere)
         boxes.append((start, size))
@@ -313,7 +307,9 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
             raise DataError(f"partition {pid}: file name {fname!r} must stay inside the matrix directory", mwhere)
         offset = _int(pm.get("offset"), f"partition {pid}: offset", mwhere)
         length = _int(pm.get("length"), f"partition {pid}: length", mwhere)
-        reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, os.path.join(d, fname), offset, length))
+        path = os.path.join(d, fname)
+        _check_extent(path, str(pid), offset, length, sizes)
+        reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, path, offset, length))
     _check_cover(boxes, rows, cols, mwhere)
     on_disk = sum(r[5] for r in reads)
     full = rows * cols * vdtype.itemsize
@@ -335,9 +331,7 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
     seps: dict[str, str] = {}
     for _, pid, pm, path, offset, length in sorted(reads, key=lambda r: (r[0], r[1])):
         try:
-            with open(path, "rb") as fh:
-                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                    raise DataError(f"partition {pid}: not a regular file", Location(path))
+            with open_regular(path, f"partition {pid}'s data file") as fh:
                 fh.seek(offset)
                 data = fh.read(length)
         except FileNotFoundError:
@@ -355,6 +349,24 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
         except (KeyError, TypeError, ValueError, IndexError, struct.error, AttributeError) as e:
             raise DataError(f"partition {pid}: malformed metadata or data ({type(e).__name__}: {e})", Location(path)) from None
     return meta, out, seps
+
+
+def _check_extent(path: str, pid: str, offset: int, length: int, sizes: dict[str, int]) -> None:
+    """The partition's bytes are in its data file, a regular file (checked before opening it: a FIFO would block),
+    so that the sizes checked before allocating are the bytes really there."""
+    if path not in sizes:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise DataError(f"partition {pid}: data file missing", Location(path)) from None
+        except OSError as e:
+            raise DataError(f"partition {pid}: cannot read: {e.strerror or e}", Location(path)) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError(f"partition {pid}: not a regular file", Location(path))
+        sizes[path] = st.st_size
+    if offset + length > sizes[path]:
+        raise DataError(f"partition {pid} is truncated: {max(0, min(length, sizes[path] - offset))} of {length} bytes at offset "
+                        f"{offset}", Location(path))
 
 
 def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:

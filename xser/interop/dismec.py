@@ -63,11 +63,13 @@ class WeightFile:
 
 
 def _meta(path: str, partial: bool = False) -> tuple[dict, list[WeightFile]]:
+    from ..storage.fsutil import read_regular
+
+    raw = read_regular(path, "metadata file")
     try:
-        with open(path, "rb") as f:
-            meta = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise DataError("metadata file not found", Location(path)) from None
+        meta = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise DataError("not DiSMEC++ metadata (JSON): nested too deeply", Location(path)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         line = getattr(e, "lineno", None)
         raise DataError(f"not DiSMEC++ metadata (JSON): {getattr(e, 'msg', e)}", Location(path, line, getattr(e, "colno", None))) from None
@@ -122,9 +124,9 @@ def _resolve(meta_path: str, name: str) -> str:
 def _read_text(fmt: Any, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     """A DiSMEC++ text file, parsed by xser's own text format (every value must be finite), and its precision."""
     from ..storage.formats.text import SPARSE_TEXT, g_precision
+    from ..storage.fsutil import read_regular
 
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_regular(path, "weight file")
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -152,8 +154,9 @@ def _read_sparse_text(path: str, count: int, features: int) -> tuple[np.ndarray,
 
 def _read_npy(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.npy import read_header
+    from ..storage.fsutil import open_regular
 
-    with open(path, "rb") as f:
+    with open_regular(path, "weight file") as f:
         shape, fortran, dtype, offset = read_header(f, path)
         if dtype != np.dtype("<f4") or fortran or tuple(shape) != (count, features):
             raise DataError(
@@ -177,7 +180,7 @@ def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[di
     out = []
     for wf in files:
         path = _resolve(meta_path, wf.file)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise DataError(f"weight file {wf.file!r} not found (resolved relative to the metadata file)", Location(path))
         rows, precision = _READERS[wf.format](path, wf.count, meta["num-features"])
         out.append((attrs.evolve(wf, precision=precision), rows))

@@ -29,12 +29,9 @@ from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
 
 def read_dynet_text(path: str) -> list[dict]:
     """The records of one DyNet text file (see ``parse_dynet_text``)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise DataError(f"cannot read: {e.strerror or e}", Location(path)) from None
-    return parse_dynet_text(data, path)
+    from ..storage.fsutil import read_regular
+
+    return parse_dynet_text(read_regular(path, "DyNet data file"), path)
 
 __all__ = ["export_xnmt", "import_xnmt", "read_dynet_text", "write_dynet_text"]
 
@@ -91,11 +88,12 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     mod, out = os.fspath(mod), os.fspath(out)
+    from ..storage.fsutil import read_regular
+
     try:
-        with open(mod, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read XNMT model: {getattr(e, 'strerror', None) or e}", Location(mod)) from None
+        text = read_regular(mod, "XNMT model").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"cannot read XNMT model: {e}", Location(mod)) from None
     doc = parse(text, mod)
     tree = doc.tree
     if not isinstance(tree, Tagged):

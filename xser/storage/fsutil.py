@@ -9,7 +9,7 @@ from typing import BinaryIO
 
 from ..errors import DataError, Location
 
-__all__ = ["O_READ", "fsync_dir", "fsync_file", "makedirs_durable", "open_regular", "os_error", "require_regular"]
+__all__ = ["O_READ", "fsync_dir", "fsync_file", "makedirs_durable", "open_regular", "os_error", "read_regular", "require_regular"]
 
 # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused after the open); no effect on regular files
 O_READ = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -53,6 +53,20 @@ def open_regular(path: str, what: str, cls: type = DataError, *, dir_fd: int | N
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_regular(path: str, what: str, *, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, a regular file (``open_regular``: a FIFO never blocks), as ``DataError``s naming
+    ``what``: missing, unreadable, not a regular file, or (``limit``) larger than ``limit`` bytes."""
+    try:
+        with open_regular(path, what) as f:
+            if limit is not None and os.fstat(f.fileno()).st_size > limit:
+                raise DataError(f"{what} is larger than {limit} bytes", Location(path))
+            return f.read()
+    except FileNotFoundError:
+        raise DataError(f"{what} not found", Location(path)) from None
+    except OSError as e:
+        raise os_error(e, f"cannot read {what}", path) from None
 
 
 def fsync_dir(path: str) -> None:
