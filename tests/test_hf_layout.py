@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xser
+from test_fuzz import mutated, within_the_rules
 from test_recis import write_worked_example
 from test_tables import filled
 from xser.interop.recis import import_recis, render_files
@@ -367,3 +368,33 @@ class TestFuzz:
         if not blocks:
             assert sorted(got.tolist()) == sorted(ids[:n])
             assert np.array_equal(t.get(parts["id"]), parts["embedding"])
+
+
+class TestMutatedBytes:
+    """Byte mutations (test_fuzz's rules: an XserError or a result, bounded memory, no file outside) of an HF directory's
+    index, shards and side files."""
+
+    @FUZZ
+    @given(data=st.data())
+    def test_hf_directory_files(self, tmp_path_factory, data):
+        root = tmp_path_factory.mktemp("m")
+        d = root / "hf"
+        d.mkdir()
+        safetensors.numpy.save_file({"a.w": np.arange(6, dtype=np.float32).reshape(2, 3), "t@id": np.arange(2)}, str(d / "s1.safetensors"))
+        safetensors.numpy.save_file({"t@embedding": np.ones((2, 2), np.float16), "b": np.ones(3, np.int8)}, str(d / "s2.safetensors"))
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 54}, "weight_map": {
+            "a.w": "s1.safetensors", "t@id": "s1.safetensors", "t@embedding": "s2.safetensors", "b": "s2.safetensors"}}))
+        (d / "config.json").write_text('{"model_type": "bert"}')
+        victim = d / data.draw(st.sampled_from(["model.safetensors.index.json", "s1.safetensors", "s2.safetensors", "config.json"]))
+        raw = victim.read_bytes()
+        victim.write_bytes(data.draw(mutated(raw[:300])) + raw[300:])
+        within_the_rules(lambda: import_safetensors(d, root / "out.yaml", durable=False), root)
+
+        def read_all():
+            with xser.CheckpointReader(d) as r:
+                for n in r.tensor_names():
+                    r.read_tensor(n)
+
+        within_the_rules(read_all, root)
+        if (root / "out.yaml").exists():
+            within_the_rules(lambda: export_safetensors(root / "out.yaml", root / "back"), root)
