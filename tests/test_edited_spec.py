@@ -265,3 +265,20 @@ def test_inspect_shows_the_edit(tmp_path):
     assert ("  top-level spec: edited: the top-level spec file was edited by hand since this checkpoint was saved; load "
             "builds it, checked against this checkpoint's data, and a save of the loaded model stores it") in lines
     assert f"  edit: {DIFF.format(line=7, here='  dropout: 0.5', there='  dropout: 0.1', **names(path))}" in lines
+
+
+def test_a_torch_module_edited_out_of_its_data(tmp_path):
+    """A torch component whose edited arguments change its tensors: a SpecError at the edit, listing them."""
+    pytest.importorskip("torch")
+    from test_torch import Encoder
+
+    path = str(tmp_path / "m.yaml")
+    xser.save(Encoder(vocab=5, dim=4), path, durable=False)
+    edit(path, "dim: 4", "dim: 6")
+    with pytest.raises(xser.SpecError) as info:
+        xser.load(path)
+    text = str(info.value)
+    assert info.value.location.file == path and info.value.location.line == 4
+    assert "tensor(s) of the module differ from the checkpoint" in text
+    assert text.endswith(f"{path} was edited since this checkpoint was saved and no longer matches its data: undo the edit "
+                         f"(the spec saved with the data is {path}.data/spec.yaml)")

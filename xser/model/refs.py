@@ -60,6 +60,8 @@ class Resolver:
             raise SpecError(f"!Ref takes path or name, and default; unknown key {sorted(unknown, key=repr)[0]!r}", loc)
         if ("path" in args) == ("name" in args):
             raise SpecError("!Ref needs exactly one of 'path' and 'name'", loc)
+        if "name" in args and not isinstance(args["name"], str):
+            raise SpecError(f"!Ref name must be a string (an xser_id), got {args['name']!r}", loc)
         if "name" in args:
             path = self.ids.get(args["name"])
             if path is None:

@@ -320,6 +320,10 @@ class _Source:
     def needed_by(self) -> str:
         return _at(self.where)
 
+    def mismatch(self, message: str) -> XserError:
+        """The error for parameters that do not match the spec (``Store.mismatch``: a ``SpecError`` at a hand edit)."""
+        return self.origin.store.mismatch(message, self.location(), self.where)
+
     def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype) -> dict | None:
         self.claim()
         if self.fresh:

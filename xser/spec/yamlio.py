@@ -193,10 +193,7 @@ class _Converter:
             if tag == _STD + "str" or (tag == _VALUE and node.value == "="):
                 return node.value
             if tag in _SCALAR_TAGS:
-                try:
-                    return self.constructor.construct_object(node, deep=True)
-                except (YAMLError, ValueError) as e:
-                    raise SpecError(f"bad {tag[len(_STD):]} value {node.value!r}: {e}", _loc(self.file, node))
+                return self._scalar(node)
             if tag.startswith("!") and tag != "!":
                 if node.value.strip() in ("", "~", "null"):
                     return self._tagged(tag, None)
@@ -234,6 +231,20 @@ class _Converter:
         finally:
             self.active.discard(id(node))
         raise SpecError(f"unsupported YAML node {type(node).__name__}", _loc(self.file, node))
+
+    def _scalar(self, node: ScalarNode) -> Any:
+        """A scalar with a standard tag (``!!int 3``), through ruamel's constructor, whose own failures on odd text
+        (``!!float ''``: IndexError, ``!!bool ''``: KeyError) are ``SpecError``s here."""
+        kind = node.tag[len(_STD):]
+        if kind == "null" and node.value not in ("", "~", "null", "Null", "NULL"):
+            raise SpecError(f"bad null value {node.value!r}: !!null takes ~, null or nothing", _loc(self.file, node))
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except (YAMLError, ValueError) as e:  # their message says what is wrong (its first line: no ruamel marks)
+            why = (getattr(e, "problem", None) or str(e)).splitlines()[0] if str(e) else ""
+        except Exception:  # noqa: BLE001 - the constructor's own slips (an index past an empty string...)
+            why = ""
+        raise SpecError(f"bad {kind} value {node.value!r}: " + (why or f"not a YAML {kind}"), _loc(self.file, node))
 
     def _bad_tag(self, node: Any) -> SpecError:
         tag = node.tag

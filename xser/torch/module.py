@@ -246,7 +246,7 @@ class TorchSubcollection(Subcollection):
             missing = []
         if missing:
             text = key_lists(missing, on_disk - set(state) - self._filled, " in state_dict")
-            raise DataError(text + source.needed_by(), source.location())
+            raise source.mismatch(text)
         found = {}
         for name, t in state.items():
             if name not in self._filled:
@@ -256,7 +256,7 @@ class TorchSubcollection(Subcollection):
         if bad:
             count = len(bad) - (bad[-1] == _KEEPS)
             text = f"{count} tensor(s) of the module differ from the checkpoint: " + "; ".join(bad)
-            raise DataError(text + arg_clause(self._owner, source.saved_args()) + source.needed_by(), source.location())
+            raise source.mismatch(text + arg_clause(self._owner, source.saved_args()))
         mapped = _mapped()
         for name, (_, dtype) in found.items():  # floating-point tensors take the saved dtype (.half() after the constructor)
             t = state[name]
