@@ -404,3 +404,37 @@ def test_special_files_are_refused_not_waited_for(tmp_path, folder, victim, kind
     result = _returns_soon(lambda: import_dismec(d / "model.json", tmp_path / "m.yaml"))
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{d / victim}: {what}"
+
+
+@pytest.mark.parametrize("text, sparse, precision", [
+    (b"1.5 0 -2.25\n0.1 1.23457e+06 1e-07\n", False, 6),  # DiSMEC++'s fixture: 1.23457e+06 bounds it to exactly 6
+    (b"0:1.5 2:-2.25 \n0:0.1 1:1.23457e+06 2:1e-07 \n", True, 6),
+    (b"0.5 1e+03\n", False, 3),  # 1e+03 was written with at most 3 digits
+    (b"0.123456789 1\n", False, 9),
+    (b"123456789 0\n", False, 9),  # written without an exponent: 9 digits at least
+    (b"100 0\n", False, 6),  # 3 at least; 6 (DiSMEC++'s default) writes it the same
+    (b"10.05 -0\n", False, 6),
+    (b"1.5e-05 -2e-07\n", False, 6),  # exponents below -4 do not bound it
+    (b"1.5e-04 2e+02\n", False, 2),
+    (b"1.23456789e+08\n", False, 9),
+    (b"0:-0.000123456 \n\n3:7 \n", True, 6),
+    (b"", False, None),
+    (b"\n\n", True, None),
+])
+def test_g_precision(text, sparse, precision):
+    """The precision found in text written with %.{P}g: the tokens' bounds, DiSMEC++'s 6 where they allow it."""
+    from xser.storage.formats.text import g_precision
+
+    assert g_precision(text, sparse) == precision
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=30), st.integers(1, 9))
+def test_g_precision_reproduces(values, precision):
+    """Whatever the values, %.{found}g of the float32s read back writes the same text."""
+    from xser.storage.formats.text import g_precision
+
+    text = (" ".join(format(v, f".{precision}g") for v in values) + "\n").encode()
+    found = g_precision(text)
+    back = np.array(text.split(), np.float64).astype(np.float32)
+    assert (" ".join(format(float(v), f".{found}g") for v in back) + "\n").encode() == text

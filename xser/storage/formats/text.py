@@ -330,39 +330,103 @@ def g_precision(data: bytes, sparse: bool = False, prefer: int = DISMEC_PRECISIO
     Each token bounds P: it needs at least its significant digits (and, written without an exponent, more than its
     exponent: ``100`` needs 3), and a token with an exponent from -4 up was written with P at most that exponent
     (``1e+03``: P <= 3). The result is ``prefer`` moved into those bounds: where a file allows it, DiSMEC++'s
-    default 6, which every float32 read from the file writes back the same; else the smallest P the tokens need.
-    The tokens are read in chunks (vectorised), never all at once.
+    default 6, which every float32 read from the file writes back the same (FLT_DIG: 6 digits survive a float32,
+    in its normal range); else, or when a value lies below that range (a subnormal keeps fewer digits), the
+    smallest P the tokens need, which writes every float32 read from them back the same. Vectorised over the
+    bytes, in chunks of whole lines.
     """
-    lo, hi, seen = 1, 10**9, False
-    at = 0
-    step = 1 << 22
+    lo, hi, seen, tiny = 1, 10**9, False, False
+    at, step = 0, 1 << 21
     while at < len(data):
         end = data.find(b"\n", min(at + step, len(data)))
         end = len(data) if end < 0 else end + 1
-        tokens = data[at:end].split()
+        bounds = _token_bounds(np.frombuffer(data, np.uint8, end - at, at), sparse)
         at = end
-        if not tokens:
-            continue
-        seen = True
-        t = np.array(tokens, dtype=bytes)
-        if sparse:
-            t = np.char.partition(t, b":")[:, 2]
-        t = np.char.lstrip(t, b"+-")
-        mant, e, expo = (np.char.partition(t, b"e")[:, k] for k in range(3))
-        whole, _, frac = (np.char.partition(mant, b".")[:, k] for k in range(3))
-        k = np.char.str_len(np.char.strip(np.char.add(whole, frac), b"0"))  # significant digits, zeros at both ends off
-        sci = e == b"e"
-        fixed_need = np.char.str_len(np.char.lstrip(whole, b"0"))  # 100 needs P >= 3 to be written without an exponent
-        need = np.where(sci, k, np.maximum(k, fixed_need))
-        lo = max(lo, int(need.max()))
-        if sci.any():
-            try:
-                x = np.array([max(-999, min(999, int(v))) for v in expo[sci].tolist()], np.int64)
-            except ValueError:
-                return None
-            bounded = x[x >= -4]
-            if bounded.size:
-                hi = min(hi, int(bounded.min()))
+        if bounds is not None:
+            seen = True
+            lo, hi, tiny = max(lo, bounds[0]), min(hi, bounds[1]), tiny or bounds[2]
     if not seen:
         return None
-    return max(lo, min(prefer, hi))
+    return lo if tiny else max(lo, min(prefer, hi))
+
+
+_CLASS = np.zeros(256, np.uint8)  # byte classes for _token_bounds
+_CLASS[[32, 9, 10, 13]] = 1  # blank
+_CLASS[ord("0")] = 2
+_CLASS[ord("1") : ord("9") + 1] = 3
+_CLASS[ord(".")] = 4
+_CLASS[[ord("e"), ord("E")]] = 5
+_CLASS[ord(":")] = 6
+
+
+def _token_bounds(raw: np.ndarray, sparse: bool) -> tuple[int, int, bool] | None:
+    """(lowest P the tokens need, highest P their exponents allow, whether one is below float32's normal range,
+    1.18e-38) of the whitespace-separated numbers in ``raw``
+    (their values after ':' if ``sparse``); None if there are none. Positions are byte offsets; a token's
+    significant digits run from its first to its last non-zero mantissa digit (less a '.' between them)."""
+    cls = _CLASS[raw]
+    blank = cls == 1
+    start = ~blank
+    start[1:] &= blank[:-1]
+    starts = np.flatnonzero(start)
+    if not starts.size:
+        return None
+    end = ~blank
+    end[:-1] &= blank[1:]
+    ends = np.flatnonzero(end)
+    n = starts.size
+    if sparse:  # one ':' per token (the reader checked it): the value starts after it
+        colons = np.flatnonzero(cls == 6)
+        if colons.size != n:
+            return None
+        starts = colons + 1
+    token_of = np.cumsum(start, dtype=np.int32) - 1  # the token of each byte (blanks: the one before)
+    e_at = np.full(n, len(raw), np.int64)
+    e_pos = np.flatnonzero(cls == 5)
+    e_at[token_of[e_pos]] = e_pos
+    dot_at = np.full(n, -1, np.int64)
+    d_pos = np.flatnonzero(cls == 4)
+    dot_at[token_of[d_pos]] = d_pos
+    nz = np.flatnonzero(cls == 3)
+    nz_tok = token_of[nz]
+    keep = (nz < e_at[nz_tok]) & (nz >= starts[nz_tok])  # mantissa digits of the value
+    nz, nz_tok = nz[keep], nz_tok[keep]
+    first = np.full(n, -1, np.int64)
+    last = np.full(n, -1, np.int64)
+    if nz.size:
+        change = np.flatnonzero(nz_tok[1:] != nz_tok[:-1])
+        heads = np.concatenate([[0], change + 1])
+        tails = np.concatenate([change, [nz.size - 1]])
+        first[nz_tok[heads]] = nz[heads]
+        last[nz_tok[tails]] = nz[tails]
+    has = first >= 0
+    k = np.where(has, last - first + 1 - ((dot_at > first) & (dot_at < last)), 0)
+    sci = e_at < len(raw)
+    whole_end = np.where(dot_at >= 0, dot_at, ends + 1)  # one past the integer part (fixed notation)
+    fixed_need = np.where(has & (first < whole_end), whole_end - first, 0)
+    need = np.where(sci, k, np.maximum(k, fixed_need))
+    lo = int(need.max())
+    hi, tiny = 10**9, False
+    if sci.any():
+        x = np.array([max(-999, min(999, int(raw[e + 1 : t + 1].tobytes()))) for e, t in zip(e_at[sci].tolist(), ends[sci].tolist())]
+                     if sci.sum() < 64 else _exponents(raw, e_at[sci], ends[sci]), np.int64)
+        bounded = x[x >= -4]
+        if bounded.size:
+            hi = int(bounded.min())
+        tiny = bool((x < -37).any())
+    return lo, hi, tiny
+
+
+def _exponents(raw: np.ndarray, e_at: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The exponents after ``e_at`` (to ``ends``), vectorised for up to 3 digits; others one by one (clipped at 999)."""
+    width = ends - e_at  # sign and digits
+    out = np.zeros(e_at.size, np.int64)
+    short = width <= 4
+    for place in range(3):
+        at = ends - place
+        ok = short & (at > e_at) & (raw[np.minimum(at, len(raw) - 1)] >= 48) & (raw[np.minimum(at, len(raw) - 1)] <= 57)
+        out[ok] += (raw[at[ok]].astype(np.int64) - 48) * 10**place
+    out[short & (raw[np.minimum(e_at + 1, len(raw) - 1)] == 45)] *= -1
+    for i in np.flatnonzero(~short).tolist():
+        out[i] = max(-999, min(999, int(raw[e_at[i] + 1 : ends[i] + 1].tobytes())))
+    return out
