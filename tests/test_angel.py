@@ -465,3 +465,24 @@ def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
     assert not t.is_alive(), "blocked"
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{d / victim}: {what}"
+
+
+def test_a_recorded_row_type_follows_the_values(tmp_path):
+    """The recorded row type keeps its keys and density when the matrix's value type changed since the import
+    (float32 sparse long keys, 12, becomes double sparse long keys, 5), instead of refusing the export."""
+    w = np.array([[0, 1.5, 0], [2.0, 0, 0]], np.float32)
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / "m.yaml", durable=False)
+    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format="colid-value-binary", matrix_name="w",
+                 row_type=12)
+    import_angel(tmp_path / "o" / "w", tmp_path / "i.yaml")
+    layout = xser.checkpoints(tmp_path / "i.yaml")[0].training["angel_layout"]
+    assert (layout["format"], layout["row_type"], layout["partitions"]) == ("colid-value-binary", 12, [[0, 0, 2, 0, 3, "0"]])
+    leaf64 = leaf_of({"w": w.astype(np.float64)})
+    xser.save(leaf64, tmp_path / "d.yaml", durable=False, training={"angel_layout": layout})
+    export_angel(tmp_path / "d.yaml", f"{xser.params(leaf64).name}/w", tmp_path / "d")
+    meta = json.loads((tmp_path / "d" / "w" / "_meta").read_bytes()[4:])
+    assert meta["rowType"] == 5 and meta["formatClassName"].endswith("ColIdValueBinaryRowFormat")
+    assert (tmp_path / "d" / "w" / "0").stat().st_size == 2 * (8 + 8)  # two non-zeros: long id and double each
+    got = read_angel(tmp_path / "d" / "w")[1]
+    assert got.dtype == np.float64 and np.array_equal(got, w)

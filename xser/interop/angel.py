@@ -138,7 +138,9 @@ def export_angel(
     sep = sep if sep is not None else (rec.get("sep") if isinstance(rec.get("sep"), str) and rec.get("sep") else ",")
     if row_type is None:
         rt = rec.get("row_type")
-        row_type = rt if isinstance(rt, int) and not isinstance(rt, bool) else row_type_of(w.dtype)
+        row_type = row_type_of(w.dtype)
+        if isinstance(rt, int) and not isinstance(rt, bool) and 0 <= rt <= 27:  # its keys and density, the values the matrix has now
+            row_type += rt % 7
     try:
         if not isinstance(row_type, int) or isinstance(row_type, bool):
             raise ValueError(f"unknown rowType {row_type!r}")
