@@ -66,7 +66,8 @@ def hf_side_files(path: str) -> tuple[list[str], list[str]]:
     name; left out are files with such a suffix that are not regular files (a FIFO is never opened)."""
     if _mode(path) is None or not stat.S_ISDIR(_mode(path) or 0):
         return [], []
-    kept, skipped = [], []
+    kept: list[str] = []
+    skipped: list[str] = []
     for name in sorted(os.listdir(path)):
         if name == INDEX or name.startswith(".") or not name.endswith(KEPT_SUFFIXES):
             continue
@@ -75,9 +76,9 @@ def hf_side_files(path: str) -> tuple[list[str], list[str]]:
     return kept, skipped
 
 
-def hf_tensors(files: list[str]) -> dict[str, tuple[str, Any, tuple, int, tuple]]:
+def hf_tensors(files: list[str]) -> dict[str, tuple[str, Any, tuple[int, ...], int, tuple[Any, ...]]]:
     """``{key: (file, dtype, shape, absolute offset, parsed header entry)}`` of every tensor of the files, each key once."""
-    found: dict[str, tuple[str, Any, tuple, int, tuple]] = {}
+    found: dict[str, tuple[str, Any, tuple[int, ...], int, tuple[Any, ...]]] = {}
     for file in files:
         try:
             with open_regular(file, "the safetensors file") as f:
