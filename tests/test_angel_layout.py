@@ -241,3 +241,22 @@ def test_sparse_column_format_refuses_values_angel_would_drop(tmp_path):
         export_angel(model, param, tmp_path / "o", format="text-column", matrix_name="w", row_type=10)
     assert str(info.value) == ("text-column with a sparse row type writes the non-zero columns of the partition's first row (row 0) "
                                "only: row 1 has a value in column 2, which Angel would drop; use a row format or a dense row type")
+
+
+@pytest.mark.parametrize("fmt", ["text-column", "binary-column"])
+@pytest.mark.parametrize("edit, message", [
+    ({"rowMetas": {}, "saveColElemNum": 10**12}, "saveColElemNum must be an int from 0 to 2 (the partition's rows), got 1000000000000"),
+    ({"saveColNum": 2**31}, "saveColNum must be an int from 0 to 3 (the partition's columns), got 2147483648"),
+    ({"saveColElemNum": -1}, "saveColElemNum must be an int from 0 to 2 (the partition's rows), got -1"),
+    ({"saveColElemNum": 1}, "saveColElemNum is 1, rowMetas list 2 rows"),
+])
+def test_column_counts_are_checked_before_use(tmp_path, fmt, edit, message):
+    """A column format's saveColElemNum and saveColNum size what is read: checked against the partition first (a
+    forged saveColElemNum without rowMetas made a list of 10^12 row ids: a MemoryError or a hang)."""
+    w = np.ones((2, 3), np.float32)
+    model, param = _save(tmp_path, w)
+    export_angel(model, param, tmp_path / "o", format=fmt, matrix_name="w")
+    _rewrite_meta(tmp_path / "o" / "w", lambda m: m["partMetas"]["0"].update(edit))
+    with pytest.raises(xser.DataError) as info:
+        read_angel(tmp_path / "o" / "w")
+    assert str(info.value).endswith(f"partition 0: {message}")

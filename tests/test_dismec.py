@@ -125,6 +125,13 @@ class TestBadInput:
         ("DenseNPY", None, npy_bytes(np.zeros((2, 3), "<f8")), "expected a C-order <f4 array of shape (2, 3), found <f8 (2, 3)"),
         ("DenseNPY", None, npy_bytes(np.zeros((3, 2), "<f4")), "expected a C-order <f4 array of shape (2, 3), found <f4 (3, 2)"),
         ("DenseNPY", None, npy_bytes(np.zeros((2, 3), "<f4"))[:-4], "file holds 20 data bytes, expected 24"),
+        # a forged num-features: the dense array a sparse file would become is checked before allocating (it was 7 TiB)
+        ("SparseTXT", lambda m: m.update({"num-features": 10**12}), None,
+         "2 labels of 1000000000000 features in a SparseTXT file of 44 bytes would take 8000000000000 bytes as the dense "
+         "matrix xser imports; refused before allocating (a very sparse model, or a wrong num-features)"),
+        ("DenseTXT", lambda m: m.update({"num-features": 10**12}), None, "3 values on the line, 1000000000000 expected"),
+        ("DenseNPY", lambda m: m.update({"num-features": 10**12}), None,
+         "expected a C-order <f4 array of shape (2, 1000000000000), found <f4 (2, 3)"),
     ]
 
     @pytest.mark.parametrize("folder, edit, weights, message", CASES, ids=[c[3] for c in CASES])

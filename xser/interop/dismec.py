@@ -172,6 +172,24 @@ def _read_npy(path: str, count: int, features: int) -> tuple[np.ndarray, int | N
 _READERS = {"DenseTXT": _read_dense_text, "SparseTXT": _read_sparse_text, "DenseNPY": _read_npy}
 
 
+#: a SparseTXT file may become a dense array of at most this many bytes per byte on disk (or MAX_DENSE_FLOOR), as
+#: for Angel's sparse row types: beyond that the model is very sparse, and a dense array of it a memory bomb
+DENSE_PER_STORED_BYTE = 64
+MAX_DENSE_FLOOR = 256 << 20
+
+
+def _check_dense_size(path: str, wf: WeightFile, features: int) -> None:
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return  # the reader says why
+    need = wf.count * features * 4
+    if need > max(MAX_DENSE_FLOOR, DENSE_PER_STORED_BYTE * size):
+        raise DataError(f"{wf.count} labels of {features} features in a SparseTXT file of {size} bytes would take {need} bytes "
+                        "as the dense matrix xser imports; refused before allocating (a very sparse model, or a wrong "
+                        "num-features)", Location(path))
+
+
 def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
     """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing); each text
     file's ``WeightFile`` has the precision it was written with."""
@@ -182,6 +200,8 @@ def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[di
         path = _resolve(meta_path, wf.file)
         if not os.path.lexists(path):
             raise DataError(f"weight file {wf.file!r} not found (resolved relative to the metadata file)", Location(path))
+        if wf.format == "SparseTXT":
+            _check_dense_size(path, wf, meta["num-features"])
         rows, precision = _READERS[wf.format](path, wf.count, meta["num-features"])
         out.append((attrs.evolve(wf, precision=precision), rows))
     return meta, out

@@ -205,6 +205,22 @@ def _row_metas(pm: dict, where: Any) -> list[tuple[int, int]]:
     return out
 
 
+def _column_counts(pm: dict, counts: list, shape: tuple, where: Any) -> tuple[int, int]:
+    """(saveColElemNum, saveColNum) of a column-format partition: rows and columns within the partition (checked
+    before anything is sized by them), as many rows as rowMetas lists when it lists any."""
+    r0, c0 = int(pm["startRow"]), int(pm["startCol"])
+    rows, cols = int(pm.get("endRow", shape[0])) - r0, int(pm.get("endCol", shape[1])) - c0
+    out = []
+    for key, most in (("saveColElemNum", rows), ("saveColNum", cols)):
+        v = pm.get(key, 0 if key == "saveColNum" else rows)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= most:
+            raise DataError(f"{key} must be an int from 0 to {most} (the partition's {'rows' if most == rows else 'columns'}), got {v!r}", where)
+        out.append(v)
+    if counts and len(counts) != out[0]:
+        raise DataError(f"saveColElemNum is {out[0]}, rowMetas list {len(counts)} rows", where)
+    return out[0], out[1]
+
+
 def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: np.dtype, long_ids: bool, path: str,
                      sep: str | None = None, dense: bool = True, sep_regex: bool = False) -> str | None:
     """Put one partition's values into ``out``; returns the separator of a text format (None for binary).
@@ -218,20 +234,19 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
     r0, c0 = int(pm["startRow"]), int(pm["startCol"])
     where = Location(path, path=f"partition {pm['partId']}")
     counts = _row_metas(pm, where)
+    if fmt.endswith("column"):
+        n_rows, n_cols = _column_counts(pm, counts, out.shape, where)
     idt = ">i8" if long_ids else ">i4"
 
     if fmt.endswith("binary") or fmt == "binary-column":
         rec = {"value-binary": [("v", vdtype)], "colid-value-binary": [("c", idt), ("v", vdtype)],
                "rowid-colid-value-binary": [("r", ">i4"), ("c", idt), ("v", vdtype)]}.get(fmt)
         if fmt == "binary-column":
-            n_rows, n_cols = int(pm["saveColElemNum"]), int(pm["saveColNum"])
             dt = np.dtype([("c", idt), ("v", vdtype, (n_rows,))])
             if len(data) != dt.itemsize * n_cols:
                 raise DataError(f"{len(data)} bytes, {n_cols} columns of {n_rows} values need {dt.itemsize * n_cols}", where)
             recs = np.frombuffer(data, dt)
             row_ids = np.array([row for row, _ in counts] or list(range(r0, r0 + n_rows)), np.int64)
-            if len(row_ids) != n_rows:
-                raise DataError(f"saveColElemNum is {n_rows}, rowMetas list {len(row_ids)} rows", where)
             if out.shape == (n_rows, n_cols) and _is_range(row_ids, out.shape[0]) and _is_range(recs["c"], out.shape[1]):
                 out[...] = recs["v"].T  # the whole matrix, in order: one transposed copy
                 return
@@ -261,7 +276,7 @@ def decode_partition(out: np.ndarray, pm: dict, data: bytes, fmt: str, vdtype: n
     if sep is None:
         sep = infer_sep(first_lines(data, 64), fmt)
     if fmt == "text-column":
-        row_ids = np.array([row for row, _ in counts] or list(range(r0, r0 + int(pm.get("saveColElemNum", 0)))), np.int64)
+        row_ids = np.array([row for row, _ in counts] or list(range(r0, r0 + n_rows)), np.int64)
         table = fields(data, sep, 1 + len(row_ids), path, f"a column id and {len(row_ids)} values", sep_regex)
         cols = number_column(table[:, 0], np.dtype(np.int64), path, 0)
         vals = np.stack([number_column(table[:, 1 + k], vdtype, path, 1 + k) for k in range(len(row_ids))], axis=1) if len(row_ids) else \
