@@ -209,7 +209,7 @@ def _avg_args(p: argparse.ArgumentParser) -> None:
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--last", type=_positive, metavar="N", help="the N newest checkpoints (the model must have N)")
     sel.add_argument("--checkpoints", type=_int_list, metavar="I,J,...", help="these checkpoints (0 = newest)")
-    sel.add_argument("--best", type=_positive, metavar="N", help="the N best by --metric (N must record it)")
+    sel.add_argument("--best", type=_positive, metavar="N", help="the N best by --metric (at least N checkpoints must record it)")
     p.add_argument("--metric", help="metric recorded with the checkpoints, for --best")
     p.add_argument("--mode", choices=("max", "min"), help="for --best: higher (max, the default) or lower (min) is better")
     p.add_argument("--weights", type=_weight_list, metavar="W0,W1,...",
