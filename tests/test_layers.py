@@ -23,7 +23,7 @@ LAYERS = [
     ("tools", 6, ("xser.tools",)),
     ("interop", 6, ("xser.interop",)),
     ("torch", 6, ("xser.torch",)),
-    ("cli", 7, ("xser.cli", "xser.cli_options", "xser.demo", "xser.__main__")),
+    ("cli", 7, ("xser.cli", "xser._cli_options", "xser.demo", "xser.__main__")),
 ]
 
 

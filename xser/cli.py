@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from ._version import __version__
-from .cli_options import _avg_usage, _checked, _inspect_usage, _int_list, _positive, _weight_list, _which
+from ._cli_options import _avg_usage, _checked, _inspect_usage, _int_list, _positive, _weight_list, _which
 from .errors import XserError
 
 __all__ = ["main"]
