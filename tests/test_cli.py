@@ -373,3 +373,31 @@ def test_output_into_a_closed_pipe(tmp_path, argv):
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("argv, which", [
+    (["avg", "{d}", "--out", "{o}"], " (this is its checkpoint 1)"),
+    (["convert", "{d}", "--out", "{o}"], " with --checkpoint 1"),
+    (["ensemble", "{m}", "{d}", "--out", "{o}"], " (this is its checkpoint 1)"),
+    (["export", "xnmt", "{d}", "{o}"], " (this is its checkpoint 1)"),
+    (["export", "recis", "{d}", "{o}"], " with --checkpoint 1"),
+    (["export", "safetensors", "{d}", "{o}"], " with --checkpoint 1"),
+    (["export", "angel", "{d}", "W", "{o}"], " with --checkpoint 1"),
+    (["export", "dismec", "{d}", "W", "{o}"], " with --checkpoint 1"),
+    (["inspect", "{d}"], " with --checkpoint 1"),
+])
+def test_every_command_names_the_model_file_for_a_directory(tmp_path, capsys, argv, which):
+    """A checkpoint directory, or a directory holding a model, where a model's file belongs: exit 1 naming the file
+    (and the checkpoint), whatever the command; nothing is written."""
+    from helpers import save_steps
+
+    m = str(tmp_path / "m" / "m.yaml")
+    save_steps(m, Linear(2, 3), [1, 2])
+    out = str(tmp_path / "out")
+    fill = lambda d: [a.format(d=d, m=m, o=out) for a in argv]  # noqa: E731
+    assert main(fill(m + ".data.1")) == 1
+    assert capsys.readouterr().err == f"error: {m}.data.1: a checkpoint directory of the model {m}; give the model's file instead: {m}{which}\n"
+    assert main(fill(str(tmp_path / "m"))) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'm'}: a directory that holds a saved model, not a model; "
+                                       f"give its model file instead: {m}\n")
+    assert not (tmp_path / "out").exists()

@@ -257,13 +257,13 @@ class TestDirectory:
         xser.save(Linear(2, 3), tmp_path / "a.yaml")
         assert main(["inspect", str(tmp_path)]) == 1
         assert capsys.readouterr().err == (f"error: {tmp_path}: a directory that holds a saved model, not a model; "
-                                           f"inspect its model file: xser inspect {tmp_path / 'a.yaml'}\n")
+                                           f"give its model file instead: {tmp_path / 'a.yaml'}\n")
         xser.save(Linear(2, 3), tmp_path / "b.model")
         assert main(["inspect", str(tmp_path)]) == 1
         assert capsys.readouterr().err == (f"error: {tmp_path}: a directory that holds saved models, not a model; "
-                                           f"inspect one of its model files: {tmp_path / 'a.yaml'}, {tmp_path / 'b.model'}\n")
+                                           f"give one of its model files instead: {tmp_path / 'a.yaml'}, {tmp_path / 'b.model'}\n")
 
-    @pytest.mark.parametrize("slot, flag", [(".data", ""), (".data.2", " --checkpoint 2")])
+    @pytest.mark.parametrize("slot, flag", [(".data", ""), (".data.2", " with --checkpoint 2")])
     def test_checkpoint_directory(self, tmp_path, capsys, slot, flag):
         from helpers import save_steps
         from xser.cli import main
@@ -271,7 +271,7 @@ class TestDirectory:
         save_steps(str(tmp_path / "m.yaml"), Linear(2, 3), [1, 2, 3])
         assert main(["inspect", str(tmp_path / f"m.yaml{slot}")]) == 1
         assert capsys.readouterr().err == (f"error: {tmp_path / f'm.yaml{slot}'}: a checkpoint directory of the model "
-                                           f"{tmp_path / 'm.yaml'}; inspect it with: xser inspect {tmp_path / 'm.yaml'}{flag}\n")
+                                           f"{tmp_path / 'm.yaml'}; give the model's file instead: {tmp_path / 'm.yaml'}{flag}\n")
 
     def test_other_directories_keep_their_message(self, tmp_path, capsys):
         """An empty directory, or one with only a spec file: the reader's message, nothing suggested."""

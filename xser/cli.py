@@ -35,9 +35,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .errors import CheckpointError, Location
-    from .tools.inspect import foreign_kind, json_text, not_a_model_directory, open_model, tensor_lines, verify_model
+    from .tools.inspect import foreign_kind, json_text, open_model, tensor_lines, verify_model
 
-    not_a_model_directory(args.model)  # a directory of models, or a checkpoint directory: names the model file
     kind = foreign_kind(args.model)
     if kind is not None:  # not an xser model: its tensors, by name
         for given, opt in ((args.json, "--json"), (args.plot, "--plot"), (args.verify, "--verify"), (args.checkpoint is not None, "--checkpoint")):
@@ -363,6 +362,17 @@ def _described(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _no_model_directories(args: argparse.Namespace) -> None:
+    """Every command's model argument: a directory of saved models, or a checkpoint directory, is refused with the
+    model file to give instead (a Hugging Face or RecIS directory passes to the command)."""
+    paths = ([args.model] if isinstance(getattr(args, "model", None), str) else []) + list(getattr(args, "models", None) or [])
+    if any(os.path.isdir(p) for p in paths):
+        from .tools.inspect import not_a_model_directory
+
+        for p in paths:
+            not_a_model_directory(p, checkpoint_option="checkpoint" in vars(args))
+
+
 def command_parser(name: str, prog: str) -> argparse.ArgumentParser:
     """A stand-alone parser for one subcommand (for the scripts in scripts/)."""
     help_text, add_args, func = COMMANDS[name]
@@ -380,6 +390,7 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
     if getattr(args, "_check", None) is not None:  # option combinations: a usage error (exit 2), before any work
         args._check(args)
     try:
+        _no_model_directories(args)
         return args.func(args)
     except XserError as e:
         if args.debug:

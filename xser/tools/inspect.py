@@ -326,9 +326,10 @@ def foreign_kind(path: str) -> str | None:
     return "safetensors" if path.endswith(".safetensors") else None
 
 
-def not_a_model_directory(path: str) -> None:
-    """A directory that holds saved xser models, or is one's checkpoint directory: a ``CheckpointError`` naming the
-    model file to give instead. Other directories (safetensors, RecIS, anything else) pass."""
+def not_a_model_directory(path: str, checkpoint_option: bool = True) -> None:
+    """A directory that holds saved xser models, or is one's checkpoint directory, given where a model's file belongs:
+    a ``CheckpointError`` naming the model file to give instead (and ``--checkpoint K`` where the command has the
+    option). Other directories (safetensors, RecIS, anything else) pass."""
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "index")) or any(
         os.path.isfile(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")
     ):
@@ -340,15 +341,15 @@ def not_a_model_directory(path: str) -> None:
             index = next((c.index for c in checkpoints(spec) if os.path.samefile(c.path, path)), None)
         except (OSError, DataError, CheckpointError):
             index = None
-        flag = f" --checkpoint {index}" if index else ""
-        raise CheckpointError(f"a checkpoint directory of the model {spec}; inspect it with: xser inspect {spec}{flag}",
+        which = "" if not index else f" with --checkpoint {index}" if checkpoint_option else f" (this is its checkpoint {index})"
+        raise CheckpointError(f"a checkpoint directory of the model {spec}; give the model's file instead: {spec}{which}",
                               Location(path))
     models = models_in(path)
     if len(models) == 1:
-        raise CheckpointError(f"a directory that holds a saved model, not a model; inspect its model file: "
-                              f"xser inspect {models[0]}", Location(path))
+        raise CheckpointError(f"a directory that holds a saved model, not a model; give its model file instead: {models[0]}",
+                              Location(path))
     if models:
-        raise CheckpointError(f"a directory that holds saved models, not a model; inspect one of its model files: "
+        raise CheckpointError(f"a directory that holds saved models, not a model; give one of its model files instead: "
                               f"{', '.join(models)}", Location(path))
 
 
