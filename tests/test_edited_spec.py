@@ -282,3 +282,17 @@ def test_a_torch_module_edited_out_of_its_data(tmp_path):
     assert "tensor(s) of the module differ from the checkpoint" in text
     assert text.endswith(f"{path} was edited since this checkpoint was saved and no longer matches its data: undo the edit "
                          f"(the spec saved with the data is {path}.data/spec.yaml)")
+
+
+def test_a_tool_replacing_an_edited_model_keeps_the_edit(tmp_path, caplog):
+    """convert --force over a model whose file was edited: the edit is kept aside, as by a save."""
+    from xser.tools.convert import convert
+
+    _, src = saved(tmp_path)
+    out = str(tmp_path / "out.yaml")
+    convert(src, out)
+    edit(out, "dropout: 0.1", "dropout: 0.3")
+    with caplog.at_level("WARNING", logger="xser"):
+        convert(src, out, force=True)
+    assert "dropout: 0.3" in text_of(out + ".edited") and "dropout: 0.1" in text_of(out)
+    assert caplog.messages[-1].startswith(f"{out} was edited by hand since the last save")

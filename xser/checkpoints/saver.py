@@ -125,6 +125,15 @@ def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, An
             )
 
 
+def _clear_spec(path: str, text: str, edit: Any, durable: bool) -> None:
+    """``clear_spec`` before publishing; a hand edit it keeps aside is a warning that names where it is."""
+    kept = clear_spec(path, text, edit, durable)
+    if kept is not None and edit is not None:
+        _log.warning("%s was edited by hand since the last save and this save replaces it with the spec of the object "
+                     "saved; the edited file is kept as %s (%s). To use an edit, load the edited file and save that "
+                     "object", path, kept, attrs.evolve(edit, path=kept).difference())
+
+
 def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
     """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
     plan = plan_save(
@@ -189,11 +198,7 @@ def save_locked(
                 return SaveReport(True, None, set_aside=aside)
         with contextlib.ExitStack() as stack:
             staging = _stage_and_write(stack, path, snap, options, previous, model)
-            kept = clear_spec(path, snap.spec_text, edit, options.durable)
-            if kept is not None and edit is not None:
-                _log.warning("%s was edited by hand since the last save and this save replaces it with the spec of the object "
-                             "saved; the edited file is kept as %s (%s). To use an edit, load the edited file and save that "
-                             "object", path, kept, attrs.evolve(edit, path=kept).difference())
+            _clear_spec(path, snap.spec_text, edit, options.durable)
             if restart:
                 drop = [c.path for c, _ in existing]
                 publish_new_model(path, [staging.path], drop, options.durable)
@@ -262,10 +267,11 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
             old = [c.path for c, _ in s.listed]
             if (os.path.exists(out) or old) and not force:
                 raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
+            edit = hand_edit(out, s.listed[0][1], [d for _, d in s.listed]) if s.listed else None
             model = new_id()
             with contextlib.ExitStack() as stack:
                 staged = [_stage_and_write(stack, out, snap, options, None, model) for snap in snaps]
-                clear_spec(out, snaps[0].spec_text, None, options.durable)
+                _clear_spec(out, snaps[0].spec_text, edit, options.durable)
                 publish_new_model(out, [st.path for st in staged], old, options.durable)
         sync_spec(out, snaps[0].spec_text, options.durable)
 
