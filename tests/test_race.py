@@ -26,12 +26,14 @@ KINDS = ("load", "load_mmap", "read_params", "training_state", "resume", "reader
          "load_serialized", "listing")
 
 
-def race(tmp_path, *, keep: int, shards: int, seconds: float, readers: int, min_attempts: int) -> dict:
+def race(tmp_path, *, keep: int, shards: int, seconds: float, readers: int, min_attempts: int) -> tuple[dict, int]:
+    """(reads per kind, saves made while the readers read)."""
     path = str(tmp_path / "m.yaml")
+    saves = -1
     writer = subprocess.Popen([sys.executable, CHILD, "writer", path, str(seconds + 30), str(keep), str(shards)],
                               stdout=subprocess.PIPE, text=True)
     try:
-        while int(writer.stdout.readline() or 10**9) <= keep:  # every checkpoint asked for exists before readers start
+        while (first := int(writer.stdout.readline() or 10**9)) <= keep:  # every checkpoint asked for exists before readers start
             pass
         groups = [",".join(KINDS[i::readers]) for i in range(readers)]
         procs = []
@@ -46,22 +48,23 @@ def race(tmp_path, *, keep: int, shards: int, seconds: float, readers: int, min_
             assert p.returncode == 0, err[-3000:]
             report.update(json.loads(out.strip().splitlines()[-1]))
         assert writer.poll() is None, "the writer stopped while the readers read"
+        saves = xser.checkpoints(path)[0].step - first
     finally:
         writer.kill()
         writer.communicate()
-    saves = len(os.listdir(tmp_path))  # (only to show in a failure)
     failures = {kind: rep["failures"][:3] for kind, rep in report.items() if rep["failures"]}
     assert failures == {}, (saves, {k: len(r["failures"]) for k, r in report.items()}, failures)
     attempts = {kind: rep["attempts"] for kind, rep in report.items()}
     assert sorted(attempts) == sorted(KINDS)
     assert min(attempts.values()) >= min_attempts, attempts  # the readers really ran while the writer rotated
-    return attempts
+    assert saves >= 10, saves  # ... and the writer really rotated while they read (a reader never starves it)
+    return attempts, saves
 
 
 def test_readers_get_whole_checkpoints(tmp_path):
     """Every reader, every selection, zero failures while a saver rotates keep=3 (a few seconds)."""
-    attempts = race(tmp_path, keep=3, shards=0, seconds=4.0, readers=3, min_attempts=3)
-    print(f"{sum(attempts.values())} reads, 0 failures: {attempts}")
+    attempts, saves = race(tmp_path, keep=3, shards=0, seconds=4.0, readers=3, min_attempts=3)
+    print(f"{sum(attempts.values())} reads during {saves} saves, 0 failures: {attempts}")
 
 
 @pytest.mark.campaign
@@ -69,8 +72,8 @@ def test_readers_get_whole_checkpoints(tmp_path):
 @pytest.mark.parametrize("keep", [1, 2, 3, 4])
 def test_campaign(tmp_path, keep, shards):
     """The long campaign: a minute per configuration, four reader processes."""
-    attempts = race(tmp_path, keep=keep, shards=shards, seconds=60.0, readers=4, min_attempts=50)
-    print(f"keep={keep} shards={shards}: {sum(attempts.values())} reads, 0 failures: {attempts}")
+    attempts, saves = race(tmp_path, keep=keep, shards=shards, seconds=60.0, readers=4, min_attempts=50)
+    print(f"keep={keep} shards={shards}: {sum(attempts.values())} reads during {saves} saves, 0 failures: {attempts}")
 
 
 # ---------------------------------------------------------------- the two mechanisms, one moment at a time
