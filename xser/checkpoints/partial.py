@@ -320,7 +320,11 @@ class PartialSaver:
                 replace[self._shown(key)] = FromFiles(decl.dtype, decl.shape, tuple(files))
             save_model(self.obj, self.path, SaveOptions(self.durable), name=name, training=training, custom=custom, replace=replace)
         # one rename takes the blocks away (a kill while deleting them never leaves a partial save with holes), then delete
-        remove_tree(self.staging, data_dir_of(self.path, 0))
+        try:
+            remove_tree(self.staging, data_dir_of(self.path, 0))
+        except OSError as e:
+            raise DataError(f"the model is saved, but the partial save's blocks could not be moved away: {e.strerror or e} "
+                            "(they are whole; remove the directory)", Location(self.staging)) from None
         if self.durable:
             try:
                 fsync_dir(os.path.dirname(os.path.abspath(self.path)))
