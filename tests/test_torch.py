@@ -620,6 +620,22 @@ class TestMismatchMessages:
         names = {"enc": xser.params(m.encoder).name, "dec": xser.params(m.decoder).name}
         assert str(info.value) == f"{path}.data: " + MISMATCH["two components"].format(**names)
 
+    def test_flat_state_dict_casts_like_load_state_dict(self, tmp_path, caplog):
+        """xser.torch.load_state_dict into a module of other dtypes: cast as torch does; casts that can round are logged."""
+        path = str(tmp_path / "m.yaml")
+        m = TiedLM()
+        xser.save(m, path, durable=False)
+        plain = torch.nn.Module()
+        plain.emb = torch.nn.Embedding(7, 3).double()
+        plain.proj = torch.nn.Linear(3, 7, bias=False).half()
+        with caplog.at_level("WARNING", logger="xser"):
+            xt.load_state_dict(plain, path)
+        assert torch.equal(plain.emb.weight, m.emb.weight.double()) and torch.equal(plain.proj.weight, m.emb.weight.half())
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{path}: load_state_dict rounded 1 tensor(s) to the module's dtypes (as load_state_dict does): proj.weight: "
+            "float32 on disk, float16 in the module"
+        ]
+
     def test_flat_state_dict_lists_every_shape(self, tmp_path):
         path = str(tmp_path / "m.yaml")
         xser.save(TiedLM(), path, durable=False)

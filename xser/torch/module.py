@@ -36,7 +36,7 @@ from ..model.serialize import arg_clause
 from ..storage.dtypes import DTYPES, find, resolve
 from .tensors import from_numpy, host_payload, numpy_dtype
 
-__all__ = ["TorchAdapter", "TorchSubcollection", "exact_cast", "own_state"]
+__all__ = ["TorchAdapter", "TorchSubcollection", "exact_cast", "log_rounded", "own_state"]
 
 _log = logging.getLogger("xser")
 
@@ -63,6 +63,19 @@ def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
         return False
     s, d = torch.finfo(src), torch.finfo(dst)  # of the parts, for complex dtypes
     return d.eps <= s.eps and d.max >= s.max and d.tiny * d.eps <= s.tiny * s.eps  # precision, range, smallest subnormal
+
+
+def log_rounded(where: str, verb: str, target: str, casts: dict[str, tuple[torch.dtype, torch.dtype]]) -> None:
+    """Log (logger ``xser``) the tensors a load cast in a way that can change values ({name: (on disk, in the module)}),
+    grouped by dtypes; exact casts (float16 into float32) are not logged."""
+    rounded: dict[tuple[str, str], list[str]] = {}
+    for name, (src, dst) in casts.items():
+        if not exact_cast(src, dst):
+            rounded.setdefault((_tname(src), _tname(dst)), []).append(name)
+    if rounded:
+        n = sum(len(v) for v in rounded.values())
+        groups = "; ".join(f"{', '.join(sorted(names))}: {a} on disk, {b} in {target}" for (a, b), names in sorted(rounded.items()))
+        _log.warning("%s: %s rounded %d tensor(s) to %s's dtypes (as load_state_dict does): %s", where, verb, n, target, groups)
 
 
 def _tname(dt: Any) -> str:
@@ -223,16 +236,9 @@ class TorchSubcollection(Subcollection):
         ]
         if bad:
             raise DataError("; ".join(bad), Location(where))
-        rounded: dict[tuple[str, str], list[str]] = {}
         for name, src in given.items():
-            t = state[name]
-            if not exact_cast(src.dtype, t.dtype):
-                rounded.setdefault((_tname(src.dtype), _tname(t.dtype)), []).append(name)
-            _put(t, src, mmap and src.dtype == t.dtype)
-        if rounded:
-            n = sum(len(v) for v in rounded.values())
-            groups = "; ".join(f"{', '.join(sorted(names))}: {a} on disk, {b} in the object" for (a, b), names in sorted(rounded.items()))
-            _log.warning("%s: load_into rounded %d tensor(s) to the object's dtypes (as load_state_dict does): %s", where, n, groups)
+            _put(state[name], src, mmap and src.dtype == state[name].dtype)
+        log_rounded(where, "load_into", "the object", {n: (v.dtype, state[n].dtype) for n, v in given.items()})
 
     def load(self) -> None:
         """Fill every tensor of the state from the loaded component's source: every key, shape and dtype is checked

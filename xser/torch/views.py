@@ -16,6 +16,7 @@ from ..errors import DataError, Location, key_lists
 from ..model.serialize import flat_keys
 from ..spec.saved import open_saved
 from ..storage.opened import gather
+from .module import log_rounded
 from .tensors import from_numpy
 
 __all__ = ["load_state_dict", "state_dict"]
@@ -47,7 +48,7 @@ def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint
     """Load a saved model's flat state dict into any ``nn.Module`` by key (as ``module.load_state_dict`` does).
 
     Missing and unexpected keys are listed sorted in one ``DataError``, then every key whose shape differs; tensors are
-    copied with a cast to the module's dtypes, as ``load_state_dict`` does.
+    copied with a cast to the module's dtypes, as ``load_state_dict`` does, and casts that can change values are logged.
     """
     path = os.fspath(path)
     view = state_dict(path, checkpoint)
@@ -61,3 +62,4 @@ def load_state_dict(module: torch.nn.Module, path: str | os.PathLike, checkpoint
     if shapes:
         raise DataError(f"loading into {type(module).__name__}: {len(shapes)} tensor(s) differ in shape: " + "; ".join(shapes), where)
     module.load_state_dict({k: v for k, v in view.items() if k in own}, strict=False)
+    log_rounded(path, "load_state_dict", "the module", {k: (view[k].dtype, own[k].dtype) for k in sorted(set(own) & set(view))})
