@@ -808,6 +808,20 @@ class TestWrap:
         assert bit_state(back.module) == bit_state(m)
         assert back.module.cls.predictions.decoder.weight is back.module.bert.embeddings.word_embeddings.weight
 
+    def test_wrapped_transformers_model_exports_for_from_pretrained(self, tmp_path):
+        """The export of a wrapped model has the model's own keys: from_pretrained (with the model's config.json) finds
+        every weight, none missing, unexpected or mismatched, bit for bit."""
+        from xser.interop.safetensors import export_safetensors
+
+        m = tiny_bert()
+        path = str(tmp_path / "bert.yaml")
+        xser.save(xt.wrap(m), path, durable=False)
+        export_safetensors(path, tmp_path / "hf")
+        m.config.save_pretrained(tmp_path / "hf")
+        back, info = type(m).from_pretrained(tmp_path / "hf", output_loading_info=True)
+        assert {k: v for k, v in info.items() if v} == {}
+        assert bit_state(back) == bit_state(m)
+
     def test_half_transformers_model(self, tmp_path):
         m = tiny_bert().half()
         path = str(tmp_path / "bert.yaml")
