@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import xser
@@ -443,5 +443,7 @@ def test_g_precision_reproduces(values, precision):
 
     text = (" ".join(format(v, f".{precision}g") for v in values) + "\n").encode()
     found = g_precision(text)
-    back = np.array(text.split(), np.float64).astype(np.float32)
+    with np.errstate(over="ignore"):
+        back = np.array(text.split(), np.float64).astype(np.float32)
+    assume(np.isfinite(back).all())  # rounded past float32's largest: not a file DiSMEC++ (or the import) reads back
     assert (" ".join(format(float(v), f".{found}g") for v in back) + "\n").encode() == text

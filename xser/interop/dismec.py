@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +27,7 @@ from ..storage.replace import replaced_outputs
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
+from ..storage.formats.dismec_codec import dense_text, dismec_npy, lost_values, save_model_files, sparse_text
 
 __all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
 
@@ -305,60 +305,6 @@ def _check_ranges(ranges: Any, labels: int) -> list[tuple[int, int]]:
     return out
 
 
-def _g(x: float, precision: int) -> str:
-    """C++ ``ostream << float`` with ``precision(P)``: printf ``%.{P}g``."""
-    return format(float(x), f".{precision}g")
-
-
-def _dense_text(rows: np.ndarray, precision: int) -> bytes:
-    return "".join(" ".join(_g(v, precision) for v in row) + "\n" for row in rows.tolist()).encode("ascii")
-
-
-def _sparse_text(rows: np.ndarray, precision: int, culling: float) -> bytes:
-    lines = []
-    for row in rows.tolist():
-        lines.append("".join(f"{j}:{_g(v, precision)} " for j, v in enumerate(row) if abs(v) > culling) + "\n")
-    return "".join(lines).encode("ascii")
-
-
-def _dismec_npy(rows: np.ndarray) -> bytes:
-    """DiSMEC++'s own .npy: version 3.0, double-quoted keys, 1 to 64 spaces of padding."""
-    d = '{"descr": "<f4", "fortran_order": False, "shape": (%d, %d)}' % rows.shape
-    pad = 64 - (13 + len(d)) % 64
-    header = (d + " " * pad + "\n").encode("latin-1")
-    return b"\x93NUMPY\x03\x00" + struct.pack("<I", len(header)) + header + rows.astype("<f4").tobytes()
-
-
-def save_model_files(base: str, labels: int, split_files: int) -> list[tuple[int, int, str]]:
-    """``(first, count, file name)`` of the weight files DiSMEC++'s ``io::model::save_model`` writes (model-io.cpp):
-    with fewer labels than ``split_files``, one file ``<base>.weights``; otherwise ``N = std::round(labels /
-    (double) split_files)`` files named ``<base>.weights-K-of-N`` (K from 1; so ``-1-of-1`` when N is 1), file K
-    holding labels ``[(K-1) split, K split)`` and the last one the rest."""
-    if labels < split_files:
-        return [(0, labels, f"{base}.weights")]
-    x = labels / split_files  # a double, as in C++; std::round: halves away from zero
-    n = int(x) + (x - int(x) >= 0.5)
-    out = []
-    for sub in range(n):
-        first = sub * split_files
-        end = min(labels if sub == n - 1 else (sub + 1) * split_files, labels)
-        out.append((first, end - first, f"{base}.weights-{sub + 1}-of-{n}"))
-    return out
-
-
-def _lost(rows: np.ndarray, precision: int, written: np.ndarray) -> tuple[int, int, int, str] | None:
-    """How many of the ``written`` float32 values ``%.{precision}g`` changes, and the first one (row, column, its
-    text); None if none."""
-    at = np.argwhere(written)
-    texts = [_g(v, precision) for v in rows[written].tolist()]
-    back = np.array(texts, dtype=np.float64).astype(np.float32) if texts else np.empty(0, np.float32)
-    changed = np.flatnonzero(back != rows[written])
-    if not changed.size:
-        return None
-    i = int(changed[0])
-    return int(changed.size), int(at[i][0]), int(at[i][1]), texts[i]
-
-
 @writes_files
 def export_dismec(
     model: str | os.PathLike,
@@ -437,15 +383,15 @@ def export_dismec(
         for (first, count), fname, format, digits, had in zip(ranges, names, formats, precisions, found):
             rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
             if precision is not None and format != "DenseNPY":
-                lost = _lost(rows, precision, np.ones(rows.shape, bool) if format == "DenseTXT" else np.abs(rows) > culling)
+                lost = lost_values(rows, precision, np.ones(rows.shape, bool) if format == "DenseTXT" else np.abs(rows) > culling)
                 if lost is not None:
                     n, r, c, text = lost
                     need = f"the imported file had {had} digits" if had else "9 keep every float32 value"
                     warnings.warn(f"export dismec: precision {precision} changes {n} of {rows.size} values of {fname} (label {first + r}, feature "
                                   f"{c}: {float(rows[r, c])!r} is written as {text}); {need}", UserWarning, stacklevel=3)
             row += count
-            data = {"DenseTXT": lambda: _dense_text(rows, digits), "SparseTXT": lambda: _sparse_text(rows, digits, culling),
-                    "DenseNPY": lambda: _dismec_npy(rows)}[format]()
+            data = {"DenseTXT": lambda: dense_text(rows, digits), "SparseTXT": lambda: sparse_text(rows, digits, culling),
+                    "DenseNPY": lambda: dismec_npy(rows)}[format]()
             path = os.path.join(parent, fname)
             with open(staged[len(written)], "wb") as f:
                 f.write(data)
