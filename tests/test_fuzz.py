@@ -89,13 +89,14 @@ def renumbered(draw, raw: bytes) -> bytes:
 
 @st.composite
 def json_edited(draw, obj: Any) -> Any:
-    """``obj`` (parsed JSON) with one or two values replaced by hostile ones (or a key removed)."""
+    """``obj`` (parsed JSON) with one to three values replaced by hostile ones (or keys removed)."""
     obj = copy.deepcopy(obj)
-    for _ in range(draw(st.integers(1, 2))):
+    for _ in range(draw(st.integers(1, 3))):
         paths = list(_json_paths(obj))
         if not paths:
             break
-        path = draw(st.sampled_from(paths))
+        depth = draw(st.sampled_from(sorted({len(p) for p in paths})))  # every level as often: top keys, partitions, rows
+        path = draw(st.sampled_from([p for p in paths if len(p) == depth]))
         parent = obj
         for k in path[:-1]:
             parent = parent[k]
