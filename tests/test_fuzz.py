@@ -103,7 +103,7 @@ def json_edited(draw, obj: Any) -> Any:
         if isinstance(parent, dict) and draw(st.integers(0, 6)) == 0:
             del parent[path[-1]]
         else:
-            parent[path[-1]] = draw(st.sampled_from(HOSTILE))
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))  # a copy: a later edit may go inside it
     return obj
 
 
