@@ -486,3 +486,31 @@ def test_a_recorded_row_type_follows_the_values(tmp_path):
     assert (tmp_path / "d" / "w" / "0").stat().st_size == 2 * (8 + 8)  # two non-zeros: long id and double each
     got = read_angel(tmp_path / "d" / "w")[1]
     assert got.dtype == np.float64 and np.array_equal(got, w)
+
+
+@pytest.mark.parametrize("rt, value, message", [
+    (7, "1e308", "field 3: 1e+308 is beyond float32"),
+    (7, "-3.5E39", "field 3: -3.5e+39 is beyond float32"),
+    (21, "2147483648", "field 3: '2147483648' is beyond int32"),
+    (21, "-2147483649", "field 3: '-2147483649' is beyond int32"),
+    (14, "9223372036854775808", "field 3: '9223372036854775808' is beyond int64"),
+    (14, "1.5", "field 3 is not an integer: 1.5"),
+])
+def test_numbers_beyond_the_value_type_are_refused(tmp_path, rt, value, message):
+    """A text value the row type cannot hold is an error with its line (1e308 became an infinity, and 2^31 a wrapped
+    int32, with a numpy warning)."""
+    from xser.storage.formats.angel_codec import row_type
+
+    w = np.arange(6).reshape(2, 3).astype(row_type(rt)[0].newbyteorder("="))
+    leaf = leaf_of({"w": w})
+    xser.save(leaf, tmp_path / "m.yaml", durable=False)
+    export_angel(tmp_path / "m.yaml", f"{xser.params(leaf).name}/w", tmp_path / "o", format="rowid-colid-value-text", matrix_name="w",
+                 row_type=rt)
+    d = tmp_path / "o" / "w"
+    lines = (d / "0").read_bytes().split(b"\n")
+    lines[4] = b"1,1," + value.encode()
+    (d / "0").write_bytes(b"\n".join(lines))
+    _rewrite_length(d, len(b"\n".join(lines)))
+    with pytest.raises(xser.DataError) as info:
+        read_angel(d)
+    assert str(info.value) == f"{d / '0'}:5: {message}"

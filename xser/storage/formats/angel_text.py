@@ -159,26 +159,69 @@ def _numbers(flat: bytes, body: bytes, sep_b: bytes, n: int, lines: int) -> np.n
 
 
 def number_column(tokens: np.ndarray, dtype: np.dtype, path: str, field: int) -> np.ndarray:
-    """One field of every line as numbers: numpy's parser, then Java's names of NaN and infinity, then the line at fault."""
+    """One field of every line as numbers: numpy's parser, then Java's names of NaN and infinity, then the line at
+    fault. A number beyond the value type (``1e308`` for a float, ``2147483648`` for an int) is an error with its line,
+    never an infinity or a wrapped integer."""
     native = dtype.newbyteorder("=")
-    if tokens.dtype == np.float64:  # parsed already: integers are exact below 2^53, floats round once
-        if native.kind in "iu":
-            whole = np.isfinite(tokens) & (tokens == np.floor(tokens)) & (np.abs(tokens) < 2.0**53)
-            if whole.all():
-                return tokens.astype(native)
+    if tokens.dtype != np.float64:
+        try:
+            parsed = tokens.astype(bytes).astype(np.float64 if native.kind == "f" else np.int64) if tokens.size else np.empty(0, native)
+        except (ValueError, OverflowError):
+            parsed = None
+        if parsed is None or native.kind in "iu":
+            return _one_by_one(tokens, native, path, field) if parsed is None else _in_range(parsed, tokens, native, path, field)
+        tokens = parsed
+    if native.kind in "iu":  # parsed already: integers are exact below 2^53, floats round once
+        whole = np.isfinite(tokens) & (tokens == np.floor(tokens)) & (np.abs(tokens) < 2.0**53)
+        if not whole.all():
             k = int(np.flatnonzero(~whole)[0])
             raise DataError(f"field {field + 1} is not an integer: {float(tokens[k])!r}", Location(path, k + 1))
-        return tokens.astype(native)
-    try:
-        return tokens.astype(bytes).astype(native) if tokens.size else np.empty(0, native)
-    except (ValueError, OverflowError):
-        pass
-    out = np.empty(tokens.size, native)
+        return _in_range(tokens.astype(np.int64), tokens, native, path, field)
+    with np.errstate(over="ignore"):
+        out = tokens.astype(native)
+    _finite(out, tokens, path, field)
+    return out
+
+
+def _in_range(values: np.ndarray, tokens: np.ndarray, native: np.dtype, path: str, field: int) -> np.ndarray:
+    info = np.iinfo(native)
+    bad = (values < info.min) | (values > info.max)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise DataError(f"field {field + 1}: {_text(tokens[k])} is beyond {native.name}", Location(path, k + 1))
+    return values.astype(native)
+
+
+def _finite(out: np.ndarray, source: np.ndarray, path: str, field: int) -> None:
+    """A finite number that became infinite lies beyond the value type."""
+    bad = ~np.isfinite(out) & np.isfinite(np.asarray(source, np.float64))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise DataError(f"field {field + 1}: {_text(source[k])} is beyond {out.dtype.name}", Location(path, k + 1))
+
+
+def _text(token: Any) -> str:
+    """A field as the message shows it: its text, or an integer's digits (the fast path parsed the line already)."""
+    if isinstance(token, bytes):
+        return repr(token.decode("latin-1"))
+    x = float(token)
+    return repr(str(int(x))) if x == x and abs(x) < 2.0**63 and x == int(x) and abs(x) >= 2**31 else repr(x)
+
+
+def _one_by_one(tokens: np.ndarray, native: np.dtype, path: str, field: int) -> np.ndarray:
+    out = np.empty(tokens.size, np.int64 if native.kind in "iu" else np.float64)
     for k, tok in enumerate(tokens.tolist()):
         text = tok.decode("latin-1")
         try:
             out[k] = int(text) if native.kind in "iu" else parse_java(text)
-        except (ValueError, OverflowError):
+        except OverflowError:
+            raise DataError(f"field {field + 1}: {text!r} is beyond {native.name}", Location(path, k + 1)) from None
+        except ValueError:
             what = "an integer" if native.kind in "iu" else "a number"
             raise DataError(f"field {field + 1} is not {what}: {text!r}", Location(path, k + 1)) from None
-    return out
+    if native.kind in "iu":
+        return _in_range(out, tokens, native, path, field)
+    with np.errstate(over="ignore"):
+        result = out.astype(native)
+    _finite(result, out, path, field)
+    return result
