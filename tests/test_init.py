@@ -54,11 +54,25 @@ def test_sdist_carries_its_tests(tmp_path):
 
     if int(version("setuptools").split(".")[0]) < 77:
         pytest.skip("building needs setuptools >= 77 (pyproject's build-system), as pip's isolated builds get")
-    tracked = subprocess.run(["git", "ls-files", "tests", "scripts", "configs", "docs", "LICENSE"], cwd=root, capture_output=True,
-                             text=True, check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", "tests", "scripts", "configs", "docs", "LICENSE", "CHANGELOG.md"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.split()
     code = f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path)!r}))"
     name = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout.split()[-1]
     with tarfile.open(tmp_path / name) as tar:
         inside = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert sorted(set(tracked) - inside) == []
     assert "xser/py.typed" in inside
+
+
+def test_changelog_names_this_version():
+    """CHANGELOG.md's newest entry is the version the package says it is (a release without its entry fails)."""
+    import os
+    import re
+
+    import xser
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "CHANGELOG.md"), encoding="utf-8") as f:
+        versions = re.findall(r"^## (\S+)", f.read(), re.M)
+    assert versions[0] == xser.__version__ == "0.2.0"
+    assert len(versions) == len(set(versions))
