@@ -68,3 +68,23 @@ def scored_model(path, scores, metric="dev"):
             lin.W[...] = step
             saver.save(lin, step=step, metrics={} if score is None else {metric: score}, training_state={"s": step})
     return path
+
+
+def returns_soon(call, seconds: float = 30.0) -> dict:
+    """Run ``call`` in a thread: it must finish (a FIFO opened for reading without a writer would block forever).
+    Gives ``{"value": ...}`` or ``{"error": exception}``."""
+    import threading
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "blocked"
+    return result

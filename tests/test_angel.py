@@ -8,6 +8,8 @@ import struct
 import numpy as np
 import pytest
 
+from helpers import returns_soon
+
 import xser
 from strategies import leaf_of
 from xser.cli import main
@@ -446,23 +448,11 @@ def test_angel_layouts_come_back_byte_for_byte(tmp_path):
 def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
     """A FIFO or a directory as _meta or a data file is a DataError at once, never waited for."""
     import os
-    import threading
 
     d, _ = angel_dir(tmp_path)
     (d / victim).unlink()
     os.mkfifo(d / victim) if kind == "fifo" else (d / victim).mkdir()
-    result: dict = {}
-
-    def run():
-        try:
-            read_angel(d)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), "blocked"
+    result = returns_soon(lambda: read_angel(d))
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{d / victim}: {what}"
 

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from helpers import returns_soon
+
 import xser
 from xser.cli import main
 from xser.interop.dismec import export_dismec, import_dismec
@@ -375,25 +377,6 @@ def test_split_export_names(tmp_path, labels, split, names):
     assert [os.path.basename(p) for p in written] == [*names, "model.json"]
 
 
-def _returns_soon(call, seconds: float = 30.0):
-    """Run ``call`` in a thread: it must finish (a FIFO opened for reading without a writer would block forever)."""
-    import threading
-
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = call()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), "blocked"
-    return result
-
-
 @pytest.mark.parametrize("victim, kind, what", [
     ("model.json", "fifo", "metadata file is not a regular file (a FIFO: never read, as it could block forever)"),
     ("model.json.weights", "fifo", "weight file is not a regular file (a FIFO: never read, as it could block forever)"),
@@ -408,7 +391,7 @@ def test_special_files_are_refused_not_waited_for(tmp_path, folder, victim, kind
     shutil.copytree(DATA / folder, d)
     (d / victim).unlink()
     os.mkfifo(d / victim) if kind == "fifo" else (d / victim).mkdir()
-    result = _returns_soon(lambda: import_dismec(d / "model.json", tmp_path / "m.yaml"))
+    result = returns_soon(lambda: import_dismec(d / "model.json", tmp_path / "m.yaml"))
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{d / victim}: {what}"
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import returns_soon
+
 import xser
 from xser.cli import main
 from xser.interop.xnmt import export_xnmt, import_xnmt, read_dynet_text, write_dynet_text
@@ -169,24 +171,12 @@ def test_yaml_11_meaning_is_kept(tmp_path):
 def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
     """A FIFO (or a directory) in place of the model file or a DyNet file is a DataError at once, never waited for."""
     import shutil
-    import threading
 
     src = tmp_path / "in"
     shutil.copytree(FIX, src)
     path = src / victim if victim != "data" else sorted((src / "tiny-train.mod.data").iterdir())[0]
     path.unlink()
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
-    result: dict = {}
-
-    def run():
-        try:
-            import_xnmt(src / "tiny-train.mod", tmp_path / "m.yaml", durable=False)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), "blocked"
+    result = returns_soon(lambda: import_xnmt(src / "tiny-train.mod", tmp_path / "m.yaml", durable=False))
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{path}: {what}"

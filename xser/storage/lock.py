@@ -197,28 +197,25 @@ def _poll(fd: int, op: int) -> None:
             pause = min(pause * 2, 0.01)
 
 
-def pin(fd: int) -> bool:
-    """Share-lock an opened checkpoint directory so no saver deletes it while it is read; False if a saver is
-    deleting it right now (the reader starts over). Where locking is unsupported the directory is read unpinned."""
+def _try_flock(fd: int, *, exclusive: bool) -> bool:
+    """``flock`` at once or never: False if another holder is in the way; True where locking is unsupported."""
     if fcntl is None:  # pragma: no cover - not on POSIX
         return True
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     except OSError:
         return True
     return True
+
+
+def pin(fd: int) -> bool:
+    """Share-lock an opened checkpoint directory so no saver deletes it while it is read; False if a saver is
+    deleting it right now (the reader starts over). Where locking is unsupported the directory is read unpinned."""
+    return _try_flock(fd, exclusive=False)
 
 
 def claim(fd: int) -> bool:
     """Lock a directory to delete it, at once or never: False if a reader has it pinned."""
-    if fcntl is None:  # pragma: no cover - not on POSIX
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    return True
+    return _try_flock(fd, exclusive=True)
