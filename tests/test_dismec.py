@@ -80,6 +80,19 @@ class TestFixtures:
             export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", format="SparseTXT", precision=3, culling=0.2)
         assert (tmp_path / "o" / "model.json.weights").read_bytes() == b"0:1.5 2:-2.25 \n1:1.23e+06 \n"
 
+    @pytest.mark.parametrize("fmt, culling, message", [
+        ("SparseTXT", -0.5, "culling must be a finite number >= 0, got -0.5"),
+        ("SparseTXT", float("nan"), "culling must be a finite number >= 0, got nan"),
+        ("DenseTXT", 0.2, "culling applies to SparseTXT only; this export writes DenseTXT"),
+        (None, 0.2, "culling applies to SparseTXT only; this export writes DenseNPY"),  # the format recorded at import
+    ])
+    def test_culling_refused_where_it_would_be_ignored_or_meaningless(self, tmp_path, fmt, culling, message):
+        name = import_dismec(DATA / "DenseNPY" / "model.json", tmp_path / "m.yaml")
+        with pytest.raises(xser.DataError) as info:
+            export_dismec(tmp_path / "m.yaml", f"{name}/weights", tmp_path / "o" / "model.json", format=fmt, culling=culling)
+        assert info.value.message == message
+        assert not (tmp_path / "o").exists()
+
     def test_cli(self, tmp_path, capsys):
         """xser import dismec / xser export dismec."""
         assert main(["import", "dismec", str(DATA / "SparseTXT" / "model.json"), str(tmp_path / "m.yaml")]) == 0
@@ -294,6 +307,7 @@ class TestPrecision:
         """Any precision 1-9, both text formats, one or several files, with culling: import then auto export gives
         the same bytes."""
         tmp = tmp_path_factory.mktemp("p")
+        culling = culling if fmt == "SparseTXT" else 0.0  # culling with a dense format is refused
         rng = np.random.default_rng(seed)
         w = (rng.standard_normal((labels, features)) * 10.0 ** rng.integers(-9, 10, (labels, features))).astype(np.float32)
         w[rng.random(w.shape) < 0.2] = 0

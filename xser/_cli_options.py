@@ -50,6 +50,39 @@ def _positive(text: str) -> int:
     return n
 
 
+def _precision(text: str) -> int:
+    """--precision: significant digits of a text format, 1 to 17 (17 round-trips every double)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 17:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 17, got {text!r}")
+    return n
+
+
+def _culling(text: str) -> float:
+    """--culling: a finite threshold >= 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return x
+
+
+def _size(text: str) -> str:
+    """--max-shard-size: checked as the exporter reads it (5GB, 500MB, 2GiB or bytes, at least 1)."""
+    from .interop.safetensors import parse_size
+
+    try:
+        parse_size(text)
+    except XserError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return text
+
+
 def _int_list(text: str) -> list[int]:
     """--checkpoints: distinct checkpoint numbers, 0 = newest."""
     try:
@@ -116,4 +149,10 @@ def _avg_usage(args: argparse.Namespace) -> str | None:
 def _inspect_usage(args: argparse.Namespace) -> str | None:
     if args.checkpoint is not None and args.plot and not args.json:
         return "--checkpoint does not change --plot, which draws every checkpoint"
+    return None
+
+
+def _dismec_usage(args: argparse.Namespace) -> str | None:
+    if args.culling and args.format is not None and args.format != "SparseTXT":
+        return f"--culling applies to SparseTXT only, not {args.format}"
     return None

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 
 from ._version import __version__
-from ._cli_options import _avg_usage, _checked, _inspect_usage, _int_list, _positive, _weight_list, _which
+from ._cli_options import (_avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive, _precision, _size,
+                           _weight_list, _which)
 from .errors import XserError
 
 __all__ = ["main"]
@@ -283,11 +284,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--layout", default="auto", choices=("auto", "split", "cli"),
                    help="file names and ranges: as recorded at import (auto), save_model's -K-of-N (split) or train's -<first>-<last> (cli)")
     q.add_argument("--ranges", type=_ranges, metavar="F:C,...", help="explicit label ranges, first:count pairs from label 0")
-    q.add_argument("--precision", type=int, default=None,
+    q.add_argument("--precision", type=_precision, default=None,
                    help="significant digits in text formats (default: as found in the imported files, else DiSMEC++'s 6; lower than the data needs warns)")
-    q.add_argument("--culling", type=float, default=0.0, help="SparseTXT: write only |w| > this")
-    q.add_argument("--split-files", type=int, default=4096, help="labels per weight file, as DiSMEC++ splits them")
+    q.add_argument("--culling", type=_culling, default=0.0, help="SparseTXT: write only |w| > this")
+    q.add_argument("--split-files", type=_positive, default=4096, help="labels per weight file, as DiSMEC++ splits them")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
+    _checked(q, _dismec_usage)
     q = systems.add_parser("angel", help="one matrix as an Angel matrix directory (_meta and partition files)")
     q.add_argument("model", help="saved xser model")
     q.add_argument("param", help="SUBCOLLECTION/PARAM or the component path (model.out.W), as `xser inspect` lists them")
@@ -296,8 +298,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--format", help="value-binary, colid-value-binary, rowid-colid-value-binary, value-text, colid-value-text, "
                    "rowid-colid-value-text, binary-column or text-column (default: as imported, else colid-value-text)")
     q.add_argument("--name", help="matrix name (default: as imported, else the parameter's name)")
-    q.add_argument("--block-rows", type=int, help="rows per partition (default: the imported partitions, else one partition)")
-    q.add_argument("--per-file", type=int, metavar="N",
+    q.add_argument("--block-rows", type=_positive, help="rows per partition (default: the imported partitions, else one partition)")
+    q.add_argument("--per-file", type=_positive, metavar="N",
                    help="partitions per data file at most, grouped by halving as Angel's PS does "
                    "(angel.ps.max.partition.number.single.file; default: the imported files, else 5)")
     q.add_argument("--sep", help="separator of the text formats (default: as imported, else Angel's ,)")
@@ -322,7 +324,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--path", default="", metavar="COMPONENT",
                    help="dotted path of the component or submodule to export, keys relative to it (model.lm gives bert.embeddings... "
                    "for model.lm.bert.embeddings...; default: the whole experiment)")
-    q.add_argument("--max-shard-size", metavar="SIZE", help="write shards of at most SIZE (5GB, 500MB, 2GiB) and model.safetensors.index.json")
+    q.add_argument("--max-shard-size", type=_size, metavar="SIZE", help="write shards of at most SIZE (5GB, 500MB, 2GiB) and model.safetensors.index.json")
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--no-verify", action="store_true", help="skip checking the checkpoint's checksums")

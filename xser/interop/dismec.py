@@ -14,6 +14,7 @@ key is refused with a message saying that DiSMEC++ reads ``"files"``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from datetime import datetime, timezone
 from typing import Any
@@ -347,6 +348,8 @@ def export_dismec(
         raise DataError(f"unknown DiSMEC++ format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
     if split_files < 1 or (precision is not None and not 1 <= precision <= 17):
         raise DataError(f"split-files must be >= 1 and precision from 1 to 17, got {split_files} and {precision}")
+    if not (math.isfinite(culling) and culling >= 0):
+        raise DataError(f"culling must be a finite number >= 0, got {culling}")
     w = read_param(model, param, checkpoint)
     if w.ndim != 2 or w.dtype.kind != "f":
         raise DataError(f"{param} is {w.dtype} of shape {tuple(w.shape)}; DiSMEC++ stores a 2-D float matrix", Location(os.fspath(model)))
@@ -372,6 +375,8 @@ def export_dismec(
         formats = [format or "DenseTXT"] * len(ranges)
         found = [None] * len(ranges)
     precisions = [precision or p or DISMEC_PRECISION for p in found]
+    if culling and any(f != "SparseTXT" for f in formats):
+        raise DataError(f"culling applies to SparseTXT only; this export writes {', '.join(sorted(set(formats)))}")
     for name in [os.path.basename(meta_out), *names]:
         refuse_existing(os.path.join(os.path.dirname(os.path.abspath(meta_out)), name), force)
     parent = os.path.dirname(os.path.abspath(meta_out))
