@@ -39,26 +39,26 @@ def _which(text: str) -> Any:
     return k
 
 
-def _positive(text: str) -> int:
-    """A count of at least one (--last, --best, --shards, ...)."""
+def _whole(text: str, low: int, high: int | None = None) -> int:
+    """A whole number from ``low`` (to ``high``); anything else is a usage error."""
     try:
         n = int(text)
     except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+        n = low - 1
+    if n < low or (high is not None and n > high):
+        span = f">= {low}" if high is None else f"from {low} to {high}"
+        raise argparse.ArgumentTypeError(f"expected a whole number {span}, got {text!r}")
     return n
+
+
+def _positive(text: str) -> int:
+    """A count of at least one (--last, --best, --shards, ...)."""
+    return _whole(text, 1)
 
 
 def _precision(text: str) -> int:
     """--precision: significant digits of a text format, 1 to 17 (17 round-trips every double)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 17:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 17, got {text!r}")
-    return n
+    return _whole(text, 1, 17)
 
 
 def _culling(text: str) -> float:
