@@ -28,6 +28,7 @@ from .checkpoints.policy import KeepLast as KeepLast
 from .checkpoints.saver import CheckpointSaver as CheckpointSaver
 from .checkpoints.saver import SaveReport as SaveReport
 from .errors import CheckpointError as CheckpointError
+from .errors import StorageError as StorageError
 from .errors import DataError as DataError
 from .errors import Location as Location
 from .errors import RegistryError as RegistryError
@@ -57,6 +58,7 @@ __all__ = [
     "build",
     "Checkpoint",
     "CheckpointError",
+    "StorageError",
     "CheckpointReader",
     "checkpoints",
     "CheckpointSaver",

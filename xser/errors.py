@@ -20,6 +20,7 @@ __all__ = [
     "Location",
     "RegistryError",
     "SpecError",
+    "StorageError",
     "XserError",
     "did_you_mean",
 ]
@@ -84,6 +85,12 @@ class DataError(XserError):
 
 class CheckpointError(XserError):
     """A problem with checkpoint rotation or selection."""
+
+
+class StorageError(XserError):
+    """The store itself failed: a network or server error (after retries), a missing bucket, denied access,
+    missing credentials, an unknown URL scheme or a missing package. The message names the operation and
+    the location the URL or path."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -1,0 +1,49 @@
+"""Byte stores, the bottom of the storage layer: ``store_for(path)`` picks one by the path.
+
+A local path (anything that is not a URL) gets ``LocalStore``; a URL (``scheme://...``) gets an
+``FsspecStore`` over the fsspec filesystem of its scheme, built with ``storage_options``. fsspec and
+its backends are an optional extra (``pip install 'xser[remote]'``) imported only here, on the first
+URL: ``import xser`` never imports them. A URL whose scheme is unknown, or whose package is missing,
+is an ``XserError`` that names what to install: nothing is ever written to a local folder named after
+the scheme.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .base import ReadFile, Store
+from .local import LOCAL, LocalStore
+
+__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "is_url", "store_for", "split_url"]
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def is_url(path: Any) -> bool:
+    """True for ``scheme://...`` (``s3://b/k``, ``memory://x``, ``file:///tmp/x``); False for local paths."""
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def split_url(path: str) -> tuple[str, str]:
+    """(scheme, rest) of a URL; ("", path) for a local path."""
+    m = _URL.match(path)
+    return (m.group(1).lower(), path[m.end():]) if m else ("", path)
+
+
+def store_for(path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Store:
+    """The store that holds ``path``: ``LOCAL`` for local paths, an ``FsspecStore`` for URLs."""
+    if not isinstance(path, str):
+        path = os.fspath(path)
+    if not is_url(path):
+        if storage_options:
+            from ...errors import StorageError, Location
+
+            raise StorageError("storage_options apply to URLs (s3://, gs://, ...), not to a local path", Location(path))
+        return LOCAL
+    from .remote import fsspec_store
+
+    return fsspec_store(path, dict(storage_options or {}))
