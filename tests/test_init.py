@@ -15,7 +15,7 @@ def test_public_names():
     assert sorted(xser.__all__, key=str.lower) == sorted([
         "Best", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "HashTable",
         "IdSlice", "KeepBest",
-        "KeepEvery", "KeepLast", "Location", "PartialSaver", "RegistryError", "SaveReport", "SpecError", "Subcollection", "XserError",
+        "KeepEvery", "KeepLast", "Location", "PartialSaver", "RegistryError", "SaveReport", "SpecError", "StorageError", "Subcollection", "XserError",
         "__version__", "build", "checkpoints", "load", "load_config", "load_into", "load_training_state", "params", "read_params",
         "register_format", "resources", "Resumed", "resume", "save", "serializable", "split_overrides",
     ], key=str.lower)
