@@ -87,8 +87,8 @@ __all__ = [
     "SaveReport",
     "serializable",
     "SpecError",
-    "StorageError",
     "split_overrides",
+    "StorageError",
     "Subcollection",
     "XserError",
 ]
