@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
-from typing import BinaryIO
+import threading
+from typing import Any, BinaryIO
 
 from ..errors import DataError, Location
 
-__all__ = ["O_READ", "fsync_dir", "fsync_file", "makedirs_durable", "open_regular", "os_error", "read_regular", "require_regular"]
+__all__ = [
+    "O_READ", "file_size", "fsync_dir", "fsync_file", "makedirs_durable", "mappable", "open_regular", "os_error", "pread_into",
+    "read_regular", "require_regular",
+]
 
 # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused after the open); no effect on regular files
 O_READ = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -113,3 +118,54 @@ def os_error(e: OSError, what: str, where: str, cls: type = DataError) -> Except
     """An ``OSError`` as an xser error: what failed, the OS's reason, the file it names."""
     reason = e.strerror or str(e)
     return cls(f"{what}: {reason}", Location(e.filename if isinstance(e.filename, str) else where))
+
+
+# -- files of any store: a local file has a descriptor; a remote one (``stores.remote.RemoteFile``) has ``size``
+# and answers every read with a ranged GET
+
+
+def mappable(f: Any) -> bool:
+    """Whether ``f`` is a local file with a descriptor (so it can be mapped and ``pread``)."""
+    try:
+        f.fileno()
+        return True
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def file_size(f: Any) -> int:
+    """The size in bytes of an open file of any store (``fstat`` for a local one)."""
+    size = getattr(f, "size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    return os.fstat(f.fileno()).st_size
+
+
+def pread_into(f: Any, view: Any, offset: int) -> int:
+    """Fill the writable byte view ``view`` from ``offset`` of ``f`` (positional on a local file, seek + readinto
+    elsewhere); returns the bytes read (fewer only at the end of the file)."""
+    got = 0
+    if mappable(f):
+        fd = f.fileno()
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
+        return got
+    pread = getattr(f, "pread", None)
+    if pread is not None:  # a remote file: one ranged GET, no shared position (threads read one container at once)
+        data = pread(len(view), offset)
+        memoryview(view).cast("B")[: len(data)] = data
+        return len(data)
+    with _SEEK_LOCK:
+        f.seek(offset)
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    return got
+
+
+_SEEK_LOCK = threading.Lock()

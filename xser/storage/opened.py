@@ -34,7 +34,7 @@ from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
 from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
-from .fsutil import require_regular
+from .fsutil import file_size, mappable, pread_into, require_regular
 from .lock import pin as pin_dir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
@@ -116,7 +116,7 @@ class OpenedDir(DirHandle):
     def read_bytes(self, block: Block) -> bytes:
         """A small file (the spec), checked against its block's size and checksum."""
         with self.open_file(block.file) as f:
-            size = os.fstat(f.fileno()).st_size
+            size = file_size(f)
             if size != block.bytes:
                 raise DataError(f"file has {size} bytes, manifest says {block.bytes}", Location(self.where(block.file)))
             data = f.read()
@@ -241,7 +241,7 @@ class OpenedDir(DirHandle):
             got = held.get(block.file)
             if got is None:
                 f = self.open_file(block.file)
-                size = os.fstat(f.fileno()).st_size
+                size = file_size(f)
                 if size != block.bytes:
                     f.close()
                     raise DataError(f"file has {size} bytes, manifest says {block.bytes} (truncated or replaced?)",
@@ -262,7 +262,7 @@ class OpenedDir(DirHandle):
         if rows is not None and shape:
             row = math.prod(shape[1:]) * stored.itemsize
             offset, shape = offset + rows[0] * row, (rows[1] - rows[0],) + shape[1:]
-        if mmap and block.length and rows is None and offset % max(1, stored.itemsize) == 0:
+        if mmap and block.length and rows is None and offset % max(1, stored.itemsize) == 0 and mappable(held[0]):
             with _VERIFY_LOCK:
                 if held[1] is None:
                     held[1] = mmap_module.mmap(held[0].fileno(), 0, access=mmap_module.ACCESS_COPY)
@@ -270,12 +270,8 @@ class OpenedDir(DirHandle):
         else:
             out = np.empty(shape, stored)
             view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
-            got = 0
-            while got < view.size:
-                n = os.preadv(held[0].fileno(), [view[got:]], offset + got)
-                if n <= 0:
-                    raise DataError(f"file ended inside tensor {block.key!r}", Location(where))
-                got += n
+            if pread_into(held[0], view, offset) < view.size:
+                raise DataError(f"file ended inside tensor {block.key!r}", Location(where))
         return out if stored == entry.dtype else out.astype(entry.dtype)
 
     def verify_once(self, block: Block) -> None:

@@ -25,6 +25,7 @@ from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
 from ..dtypes import dtype_problem, entry_of, storage_of, tag_of
+from ..fsutil import file_size, mappable
 
 __all__ = ["NPY", "Format", "NpyFormat", "byte_view", "describe_dtype", "parse_dtype"]
 
@@ -361,7 +362,7 @@ class NpyFormat:
 
     def _check(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int) -> tuple[int, bool]:
         """Check size and header against the manifest; return (data offset, fortran order)."""
-        actual = os.fstat(f.fileno()).st_size
+        actual = file_size(f)
         if actual != size:
             raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", _where(where))
         f.seek(0)
@@ -386,7 +387,7 @@ class NpyFormat:
         offset, fortran = self._check(f, where, dtype, shape, size)
         nbytes = math.prod(shape) * dtype.itemsize
         order = "F" if fortran else "C"
-        if mmap and nbytes and verify is None:
+        if mmap and nbytes and verify is None and mappable(f):
             return _map(f, dtype, offset, shape, order)
         out = np.empty(tuple(shape), dtype=dtype, order=order)
         view = byte_view(out) if nbytes else np.empty(0, np.uint8)
@@ -398,7 +399,7 @@ class NpyFormat:
             h.update(f.read(offset))
             h.update(view)
             check_digest(verify, h.hexdigest(), where)
-        if mmap and nbytes:
+        if mmap and nbytes and mappable(f):
             # verified first, then mapped: the caller still gets a lazy copy-on-write map
             return _map(f, dtype, offset, shape, order)
         return out

@@ -24,7 +24,7 @@ from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
 from ..dtypes import DTYPES, dtype_problem, find, from_safetensors, storage_of
-from ..fsutil import open_regular
+from ..fsutil import file_size, mappable, open_regular
 from ..jsonlimit import loads_limited
 from .npy import _read_exactly, byte_view, map_fd
 
@@ -65,7 +65,7 @@ def render_header(tensors: Mapping[str, tuple[np.dtype, tuple]], metadata: Mappi
 def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict | None = None) -> tuple[dict, int]:
     """``({name: (dtype, shape, begin, end)}, data start)`` of an open file, every field checked; metadata under
     ``"__metadata__"`` as a dict of strings."""
-    size = os.fstat(f.fileno()).st_size if size is None else size
+    size = file_size(f) if size is None else size
     f.seek(0)
     raw = f.read(8)
     if len(raw) != 8:
@@ -195,7 +195,7 @@ class SafetensorsFormat:
 
     def _find(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, key: str,
               span: tuple[int, int] | None = None) -> tuple[int, int]:
-        actual = os.fstat(f.fileno()).st_size
+        actual = file_size(f)
         if actual != size:
             raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
         if span is not None:  # a packed container: the manifest says where (no header parse per tensor)
@@ -222,7 +222,7 @@ class SafetensorsFormat:
             f.seek(0)
             check_digest(verify, digest_stream(f, verify[0])[1], where)
         native = dtype.newbyteorder("<") if dtype.byteorder in "<>" else dtype
-        if mmap and nbytes and offset % max(1, dtype.itemsize) == 0:
+        if mmap and nbytes and offset % max(1, dtype.itemsize) == 0 and mappable(f):
             return map_fd(f.fileno(), native, offset, tuple(shape), "C")
         out = np.empty(tuple(shape), native)
         f.seek(offset)

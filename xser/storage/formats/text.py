@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...errors import DataError, Location, shape_str
+from ..fsutil import file_size
 from ..checksums import CHECKSUMS, HashingWriter, digest_bytes, digest_stream
 from ..checksums import verify as check_digest
 from ..pool import cpu_pool
@@ -131,7 +132,7 @@ class _TextFormat:
 
     def _row_blocks(self, f: BinaryIO, where: str, shape: tuple, size: int, step: int, skip: int = 0) -> Iterator[tuple[int, list[bytes]]]:
         """(first line index, lines) in groups of ``step`` lines, after skipping ``skip`` lines."""
-        actual = os.fstat(f.fileno()).st_size
+        actual = file_size(f)
         if actual != size:
             raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
         f.seek(0)
@@ -169,7 +170,7 @@ def _take(parts: list[list[bytes]], n: int) -> list[bytes]:
 
 def load_checked(f: BinaryIO, where: str, size: int, verify: Any) -> bytes:
     """A whole open file, after checking its size against the manifest (and its checksum if asked)."""
-    actual = os.fstat(f.fileno()).st_size
+    actual = file_size(f)
     if actual != size:
         raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
     f.seek(0)

@@ -9,6 +9,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...errors import DataError, Location
+from ..fsutil import file_size
 from ..checksums import digest_stream
 from ..checksums import verify as check_digest
 
@@ -29,7 +30,7 @@ class DecodedWhole:
 
 def check_file(f: BinaryIO, where: str, size: int, verify: Any) -> None:
     """The open file has the manifest's size and (``verify``: an (algorithm, digest) pair) its checksum."""
-    actual = os.fstat(f.fileno()).st_size
+    actual = file_size(f)
     if actual != size:
         raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
     if verify is not None:
