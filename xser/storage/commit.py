@@ -34,12 +34,14 @@ from .write import READ_ONLY, WriteResult
 
 __all__ = [
     "Staging",
+    "counts",
     "exchange",
     "finish",
     "new_id",
     "now",
     "publish",
     "keep_aside",
+    "manifest_of",
     "remove_file",
     "remove_leftovers",
     "remove_tree",
@@ -96,10 +98,8 @@ def stage(target: str, *, durable: bool) -> Iterator[Staging]:
         raise
 
 
-def finish(
-    staging: Staging, plan: Plan, results: list[WriteResult], meta: Mapping[str, Any], *, id: str, model: str
-) -> dict:
-    """Write the manifest (last), fsync it and every directory of the staging area; return it."""
+def manifest_of(plan: Plan, results: list[WriteResult], meta: Mapping[str, Any], *, id: str, model: str) -> dict:
+    """The manifest of a written plan (every file's size and checksum from its ``WriteResult``)."""
     manifest = new_manifest(meta, id=id, model=model, created=now())
     if plan.spec is not None:
         r = results[plan.spec]
@@ -119,9 +119,21 @@ def finish(
     for p in plan.params:
         subs[p.sub][p.name] = entry(p)
     manifest["subcollections"] = subs
-    arrays = [r for i, r in enumerate(results) if i != plan.spec]  # parameter and training-state files
-    staging.written = sum(not r.linked for r in arrays)
-    staging.linked = sum(r.linked for r in arrays)
+    return manifest
+
+
+def counts(plan: Plan, results: list[WriteResult]) -> tuple[int, int]:
+    """(files written, files linked) among the parameter and training-state files of a written plan."""
+    arrays = [r for i, r in enumerate(results) if i != plan.spec]
+    return sum(not r.linked for r in arrays), sum(r.linked for r in arrays)
+
+
+def finish(
+    staging: Staging, plan: Plan, results: list[WriteResult], meta: Mapping[str, Any], *, id: str, model: str
+) -> dict:
+    """Write the manifest (last), fsync it and every directory of the staging area; return it."""
+    manifest = manifest_of(plan, results, meta, id=id, model=model)
+    staging.written, staging.linked = counts(plan, results)
     path = os.path.join(staging.path, MANIFEST)
     try:
         with open(path, "x", encoding="utf-8") as f:

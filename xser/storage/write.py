@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -27,7 +27,18 @@ from .plan import Piece, Plan
 from .pool import run_all
 from .progress import advance, progress
 
-__all__ = ["READ_ONLY", "WRITERS", "WriteResult", "link_or_copy", "read_only", "write"]
+__all__ = ["READ_ONLY", "WRITERS", "Linker", "Sink", "WriteResult", "link_or_copy", "read_only", "write"]
+
+#: link(source directory, file of it, destination path) -> True if the destination now holds that file's bytes
+Linker = Callable[[Any, str, str], bool]
+
+
+class Sink(Protocol):
+    """Where a write step's files go after a writer made them in the spool directory (``objects.commit``)."""
+
+    def linker(self, rel: str) -> Linker: ...
+
+    def done(self, rel: str, path: str, result: WriteResult) -> None: ...
 
 
 @attrs.frozen
@@ -39,7 +50,7 @@ class WriteResult:
     spans: dict | None = None  # a file holding several tensors: key -> (offset, length)
 
 
-def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _write_array(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     arr = piece.payload
     fmt = FORMATS[piece.format]
     known = None
@@ -47,7 +58,7 @@ def _write_array(path: str, piece: Piece, durable: bool) -> WriteResult:
         source, block = piece.link
         known = fmt.digest(arr)
         if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0]:
-            if _link(source, block.file, path):
+            if link(source, block.file, path):
                 return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True)
     if piece.format == "npy":
         size, digest = fmt.write(path, arr, known)
@@ -109,7 +120,7 @@ def _check_round_trip(fmt: Any, path: str, arr: np.ndarray, size: int, name: str
         )
 
 
-def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _write_stream(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     s: Stream = piece.payload
     size, digest = NPY.write_stream(path, header_for(s.dtype, s.shape, s.fortran), s.chunks())
     if durable:
@@ -117,13 +128,13 @@ def _write_stream(path: str, piece: Piece, durable: bool) -> WriteResult:
     return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False)
 
 
-def _write_lazy(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _write_lazy(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     """Make the array now (a device-to-host copy), write it, and let it go before the next one."""
     arr = piece.payload.take()
-    return _write_array(path, attrs.evolve(piece, payload=arr), durable)
+    return _write_array(path, attrs.evolve(piece, payload=arr), durable, link)
 
 
-def _write_bundle(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _write_bundle(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     """Several arrays in one file; linked to the previous checkpoint's file when the bytes are the same."""
     b: Bundle = piece.payload
     fmt = FORMATS[piece.format]
@@ -131,7 +142,7 @@ def _write_bundle(path: str, piece: Piece, durable: bool) -> WriteResult:
     if piece.link is not None and all(isinstance(a, np.ndarray) for a in b.arrays.values()):
         source, block = piece.link
         known = fmt.digest_bundle(b.arrays, b.metadata)
-        if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0] and _link(source, block.file, path):
+        if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0] and link(source, block.file, path):
             return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True, fmt.spans(b.arrays, b.metadata))
     size, digest = fmt.write_bundle(path, b.arrays, b.metadata, known)
     if durable:
@@ -139,22 +150,22 @@ def _write_bundle(path: str, piece: Piece, durable: bool) -> WriteResult:
     return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False, fmt.spans(b.arrays, b.metadata))
 
 
-def _link_file(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _link_file(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     f: FromFile = piece.payload
     if f.verify:
         f.source.verify_file(f.rel, f.bytes, f.checksum)
-    linked = link_or_copy(f.source, f.rel, path)
+    linked = link_or_copy(f.source, f.rel, path, link)
     if durable and not linked:
         fsync_file(path)
     return WriteResult(piece.rel, f.bytes, f.checksum, linked)
 
 
-def _write_bytes(path: str, piece: Piece, durable: bool) -> WriteResult:
+def _write_bytes(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     data: bytes = piece.payload
     digest = digest_bytes(data)
     if piece.link is not None:
         source, block = piece.link
-        if block.checksum == (DEFAULT_CHECKSUM, digest) and block.bytes == len(data) and _link(source, block.file, path):
+        if block.checksum == (DEFAULT_CHECKSUM, digest) and block.bytes == len(data) and link(source, block.file, path):
             return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest), True)
     with open(path, "xb") as f:
         f.write(data)
@@ -164,8 +175,8 @@ def _write_bytes(path: str, piece: Piece, durable: bool) -> WriteResult:
     return WriteResult(piece.rel, len(data), (DEFAULT_CHECKSUM, digest), False)
 
 
-#: payload type -> writer(path, piece, durable) -> WriteResult
-WRITERS: dict[type, Callable[[str, Piece, bool], WriteResult]] = {
+#: payload type -> writer(path, piece, durable, link) -> WriteResult
+WRITERS: dict[type, Callable[[str, Piece, bool, Linker], WriteResult]] = {
     np.ndarray: _write_array,
     np.memmap: _write_array,
     Stream: _write_stream,
@@ -202,17 +213,22 @@ def _link(source: Any, rel: str, dst: str) -> bool:
             os.close(opened)
 
 
-def link_or_copy(source: Any, rel: str, dst: str) -> bool:
-    """Hard-link a published file; copy it where links are impossible. True if linked."""
-    if _link(source, rel, dst):
+def link_or_copy(source: Any, rel: str, dst: str, link: Linker | None = None) -> bool:
+    """Hard-link a published file (or ``link`` it: a server-side copy on an object store); copy it where links are
+    impossible. True if linked."""
+    if (link or _link)(source, rel, dst):
         return True
     with source.open_file(rel) as src, open(dst, "xb") as out:
         shutil.copyfileobj(src, out, 8 << 20)
     return False
 
 
-def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[WriteResult]:
-    """Write every piece of ``plan`` into the (existing, empty) directory ``staging``."""
+def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2, sink: Sink | None = None) -> list[WriteResult]:
+    """Write every piece of ``plan`` into the (existing, empty) directory ``staging``.
+
+    ``sink``: where each written file goes next (an object store: ``staging`` is then a local spool directory,
+    and the sink uploads each file as soon as it is complete, and removes it); None keeps the files in
+    ``staging`` (read-only)."""
     for d in plan.dirs:
         try:
             os.mkdir(os.path.join(staging, d))
@@ -225,8 +241,12 @@ def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2) -> list[
         if writer is None:
             raise DataError(f"cannot save a {type(piece.payload).__name__} (numpy arrays only)", Location(path))
         try:
-            result = writer(path, piece, durable)
-            read_only(path)
+            if sink is None:
+                result = writer(path, piece, durable, _link)
+                read_only(path)
+            else:
+                result = writer(path, piece, False, sink.linker(piece.rel))
+                sink.done(piece.rel, path, result)
             advance(_nbytes(piece.payload))
             return result
         except OSError as e:

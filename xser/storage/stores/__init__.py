@@ -5,20 +5,22 @@ A local path (anything that is not a URL) gets ``LocalStore``; a URL (``scheme:/
 its backends are an optional extra (``pip install 'xser[remote]'``) imported only here, on the first
 URL: ``import xser`` never imports them. A URL whose scheme is unknown, or whose package is missing,
 is an ``XserError`` that names what to install: nothing is ever written to a local folder named after
-the scheme.
+the scheme. Imports only ``xser.errors`` and the storage modules (fsspec lazily, for URLs).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .base import ReadFile, Store
 from .local import LOCAL, LocalStore
 
-__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "is_url", "store_for", "split_url"]
+__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "is_url", "options", "store_for", "split_url"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -34,16 +36,36 @@ def split_url(path: str) -> tuple[str, str]:
     return (m.group(1).lower(), path[m.end():]) if m else ("", path)
 
 
+#: the ``storage_options`` of the public call in progress (``options``): every store that call opens for a URL uses
+#: them, down to the reads on the I/O threads (which get the store, not the options)
+_OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("xser_storage_options", default=None)
+
+
+@contextlib.contextmanager
+def options(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """The ``storage_options`` a public function was given, for every URL it opens while the block runs."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        from ...errors import StorageError
+
+        raise StorageError(f"storage_options must be a mapping of option names to values, got {type(storage_options).__name__}")
+    token = _OPTIONS.set(dict(storage_options) if storage_options is not None else _OPTIONS.get())
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
 def store_for(path: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Store:
-    """The store that holds ``path``: ``LOCAL`` for local paths, an ``FsspecStore`` for URLs."""
+    """The store that holds ``path``: ``LOCAL`` for local paths, an ``FsspecStore`` for URLs (with
+    ``storage_options``, else those of the public call in progress)."""
     if not isinstance(path, str):
         path = os.fspath(path)
     if not is_url(path):
         if storage_options:
-            from ...errors import StorageError, Location
+            from ...errors import Location, StorageError
 
             raise StorageError("storage_options apply to URLs (s3://, gs://, ...), not to a local path", Location(path))
         return LOCAL
     from .remote import fsspec_store
 
-    return fsspec_store(path, dict(storage_options or {}))
+    return fsspec_store(path, dict(storage_options if storage_options is not None else (_OPTIONS.get() or {})))

@@ -1,0 +1,310 @@
+"""The commit-record protocol of a model on an object store: names, listing, staging, commit, clean-up.
+
+For a model at ``U`` (``s3://bucket/run/model.yaml``)::
+
+    U                                          the spec (a copy of the newest checkpoint's spec.yaml)
+    U.data/commits/00000000000000000007.json   commit records, one per save; the highest number is the model
+    U.data/00000000000000000007-<id>/...       a checkpoint: manifest.json, spec.yaml, the arrays; written once
+
+A save that starts from commit N writes its checkpoint under ``U.data/<N+1>-<id>/`` (manifest last),
+then creates ``commits/<N+1>.json`` with a conditional write: the record lists the checkpoints the
+model keeps, newest first, each with its manifest's size and checksum. That write is the commit: a
+second saver that started from N finds the name taken and fails (``CheckpointError``), without a
+record. After the commit, the saver writes the top-level spec, deletes the checkpoints the record
+dropped, then every prefix numbered N+1 or lower that no record lists (left by killed or losing
+saves), and commit records older than ``KEEP_RECORDS``. A prefix numbered above the newest record is
+a save in progress (or killed before its commit): the next commit makes it removable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from ...errors import CheckpointError, DataError, Location
+from ..checksums import DEFAULT_CHECKSUM, digest_bytes
+from ..dirhandle import MissingDir
+from ..jsonlimit import loads_limited
+from ..scanned import Scan, record_of
+from ..manifest import MANIFEST, NewerFormatError, render_manifest
+from ..stores.base import Store
+from ..stores.local import AlreadyExists
+from ..write import WriteResult
+from .opened import RemoteDir
+
+__all__ = [
+    "COMMITS",
+    "KEEP_RECORDS",
+    "RemoteScan",
+    "RemoteStaging",
+    "commit",
+    "clean_up",
+    "data_root",
+    "record_json",
+    "remote_scan",
+    "stage_remote",
+]
+
+COMMITS = "commits"
+KEEP_RECORDS = 3  # commit records kept after a commit (older ones are deleted; readers hold the one they read)
+MAX_RECORD = 16 << 20  # bytes: a record larger than this is refused before it is read
+RECORD_FORMAT = "xser-commit"
+RECORD_VERSION = 1
+ATTEMPTS = 20  # a listing is taken again when a checkpoint of the record it read is deleted meanwhile
+_SEQ = re.compile(r"^(\d{20})\.json$")
+_PREFIX = re.compile(r"^(\d{20})-([0-9a-f]{32})$")
+
+
+def data_root(store: Store, spec_path: str) -> str:
+    return spec_path + ".data"
+
+
+def _records_dir(store: Store, spec_path: str) -> str:
+    return store.join(data_root(store, spec_path), COMMITS)
+
+
+def record_path(store: Store, spec_path: str, seq: int) -> str:
+    return store.join(_records_dir(store, spec_path), f"{seq:020d}.json")
+
+
+def prefix_name(seq: int, id: str) -> str:
+    return f"{seq:020d}-{id}"
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _record_numbers(store: Store, spec_path: str) -> list[int]:
+    names = store.listdir(_records_dir(store, spec_path))
+    return sorted(int(m.group(1)) for n in names if (m := _SEQ.match(store.basename(n))))
+
+
+def read_record(store: Store, spec_path: str, seq: int) -> dict | None:
+    """Commit record ``seq``, checked; None if it is gone (deleted after newer ones were written)."""
+    where = record_path(store, spec_path, seq)
+    try:
+        raw = store.read_bytes(where, "commit record", limit=MAX_RECORD)
+    except DataError:
+        if store.size(where) is None:
+            return None
+        raise
+    return check_record(raw, where, seq)
+
+
+def check_record(raw: bytes, where: str, seq: int) -> dict:
+    rec = loads_limited(raw, where, "commit record")
+    if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
+        raise DataError(f"not an xser commit record (expected \"format\": \"{RECORD_FORMAT}\")", Location(where))
+    version = rec.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise DataError(f"commit record: version must be an int, got {version!r}", Location(where))
+    if version > RECORD_VERSION:
+        raise NewerFormatError(f"commit record version {version} is newer than this xser reads ({RECORD_VERSION})",
+                               Location(where), version)
+    if rec.get("seq") != seq:
+        raise DataError(f"commit record says seq {rec.get('seq')!r}, its name says {seq}", Location(where))
+    cks = rec.get("checkpoints")
+    if not isinstance(cks, list):
+        raise DataError("commit record: checkpoints must be a list", Location(where))
+    for i, c in enumerate(cks):
+        ok = (isinstance(c, dict) and isinstance(c.get("dir"), str) and _PREFIX.match(c["dir"])
+              and isinstance(c.get("bytes"), int) and isinstance(c.get("checksum"), list) and len(c["checksum"]) == 2
+              and all(isinstance(x, str) for x in c["checksum"]))
+        if not ok:
+            raise DataError(f"commit record: checkpoints[{i}] must be {{\"dir\": \"<seq>-<id>\", \"bytes\": int, "
+                            f"\"checksum\": [algorithm, hex]}}, got {c!r}", Location(where))
+        if int(c["dir"][:20]) > seq:
+            raise DataError(f"commit record {seq} lists checkpoint {c['dir']}, written after it", Location(where))
+    if not isinstance(rec.get("model"), str):
+        raise DataError("commit record: model must be a string", Location(where))
+    return rec
+
+
+def latest(store: Store, spec_path: str) -> tuple[int, dict | None]:
+    """(number, record) of the newest commit record; (0, None) when the model has none."""
+    for _ in range(ATTEMPTS):
+        numbers = _record_numbers(store, spec_path)
+        if not numbers:
+            return 0, None
+        rec = read_record(store, spec_path, numbers[-1])
+        if rec is not None:
+            return numbers[-1], rec
+    raise CheckpointError("the model's commit records keep changing while they are read", Location(spec_path))
+
+
+@attrs.define
+class RemoteScan(Scan):
+    """A model on an object store as one commit record lists it (checkpoints opened, newest first)."""
+
+    store: Any = None
+    seq: int = 0
+    record: dict | None = None
+    prefixes: list[str] = attrs.field(factory=list)  # the prefix names the record lists (newest first)
+
+
+def remote_scan(store: Store, spec_path: str) -> RemoteScan:
+    """The newest commit record and its checkpoints, each opened (manifest read and checked against the record).
+
+    A checkpoint deleted between reading the record and opening it means a newer record exists: the
+    listing starts over from it."""
+    for _ in range(ATTEMPTS):
+        seq, rec = latest(store, spec_path)
+        if rec is None:
+            return RemoteScan(spec_path, [], store=store, seq=seq)
+        root = data_root(store, spec_path)
+        opened: list[RemoteDir] = []
+        try:
+            for c in rec["checkpoints"]:
+                d = RemoteDir.open_remote(store, store.join(root, c["dir"]), (c["bytes"], tuple(c["checksum"])))
+                opened.append(d)
+        except MissingDir:
+            for d in opened:
+                d.close()
+            continue
+        except NewerFormatError as e:
+            raise CheckpointError(
+                f"checkpoint {e.location.file if e.location else ''} was written by a newer xser (format_version {e.version}); "
+                "upgrade xser to read or save this model", Location(spec_path)) from None
+        listed = [(record_of(i, d), d) for i, d in enumerate(opened)]
+        return RemoteScan(spec_path, listed, store=store, seq=seq, record=rec, prefixes=[c["dir"] for c in rec["checkpoints"]])
+    raise CheckpointError("the model's checkpoints keep being removed while they are listed", Location(spec_path))
+
+
+# ---------------------------------------------------------------- writing
+
+
+@attrs.define
+class RemoteStaging:
+    """A checkpoint being written under its own prefix (``dir``) of the model's data root."""
+
+    store: Any
+    spec_path: str
+    seq: int
+    id: str
+    path: str  # the prefix URL
+    spool: str  # a local directory the writers fill, one file at a time, before each is uploaded
+    manifest: dict = attrs.field(factory=dict)
+    manifest_bytes: bytes = b""
+    written: int = 0
+    linked: int = 0
+
+    @property
+    def dir(self) -> str:
+        return prefix_name(self.seq, self.id)
+
+    # -- the write step's sink (``write.write(..., sink=)``)
+
+    def linker(self, rel: str) -> Any:
+        store = self.store
+        dst = store.join(self.path, rel)
+
+        def link(source: Any, src_rel: str, _spool_path: str) -> bool:
+            if isinstance(source, RemoteDir) and source.store is store:
+                store.copy(source.where(src_rel), dst)  # server-side: no byte passes through this process
+                return True
+            return False
+
+        return link
+
+    def done(self, rel: str, path: str, result: WriteResult) -> None:
+        if not result.linked or os.path.exists(path):
+            self.store.put_file(path, self.store.join(self.path, rel))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+        with contextlib.suppress(Exception):  # best effort: the next commit removes what is left
+            self.store.delete_prefix(self.path)
+
+
+@contextlib.contextmanager
+def stage_remote(store: Store, spec_path: str, seq: int, id: str) -> Iterator[RemoteStaging]:
+    """A new checkpoint prefix numbered ``seq`` and a local spool directory; both removed if the block fails."""
+    spool = tempfile.mkdtemp(prefix="xser-spool-")
+    staging = RemoteStaging(store, spec_path, seq, id, store.join(data_root(store, spec_path), prefix_name(seq, id)), spool)
+    try:
+        yield staging
+    except BaseException:
+        staging.discard()
+        raise
+    shutil.rmtree(spool, ignore_errors=True)
+
+
+def finish_remote(staging: RemoteStaging, manifest: dict, written: int, linked: int) -> None:
+    """Write the checkpoint's manifest, the last object under its prefix."""
+    text = render_manifest(manifest).encode("utf-8")
+    staging.store.put(staging.store.join(staging.path, MANIFEST), text, create_only=False)
+    staging.manifest, staging.manifest_bytes = manifest, text
+    staging.written, staging.linked = written, linked
+
+
+def record_json(seq: int, model: str, checkpoints: list[tuple[str, int, tuple[str, str]]], created: str) -> bytes:
+    rec = {
+        "format": RECORD_FORMAT,
+        "version": RECORD_VERSION,
+        "seq": seq,
+        "model": model,
+        "created": created,
+        "checkpoints": [{"dir": d, "bytes": n, "checksum": list(c)} for d, n, c in checkpoints],
+    }
+    return (json.dumps(rec, indent=1) + "\n").encode("utf-8")
+
+
+def entry_of(staging: RemoteStaging) -> tuple[str, int, tuple[str, str]]:
+    return staging.dir, len(staging.manifest_bytes), (DEFAULT_CHECKSUM, digest_bytes(staging.manifest_bytes))
+
+
+def entry_of_listed(scan: RemoteScan, index: int) -> tuple[str, int, tuple[str, str]]:
+    c = scan.record["checkpoints"][index]  # type: ignore[index]
+    return c["dir"], c["bytes"], (c["checksum"][0], c["checksum"][1])
+
+
+def commit(store: Store, spec_path: str, seq: int, model: str, checkpoints: list[tuple[str, int, tuple[str, str]]],
+           created: str) -> None:
+    """Create commit record ``seq`` (conditional: fails if another saver created it first)."""
+    where = record_path(store, spec_path, seq)
+    try:
+        store.put(where, record_json(seq, model, checkpoints, created), create_only=True)
+    except AlreadyExists:
+        raise CheckpointError(
+            f"another process saved this model meanwhile (commit {seq} exists); this save was not committed and its "
+            "objects are removed", Location(spec_path)) from None
+
+
+def clean_up(store: Store, spec_path: str, seq: int, keep: list[str]) -> list[str]:
+    """After commit ``seq``: delete every checkpoint prefix numbered ``seq`` or lower that ``keep`` does not list (dropped
+    by this commit, or left by killed and losing saves), and commit records older than ``KEEP_RECORDS``. Returns the
+    prefixes removed. Prefixes numbered above ``seq`` belong to saves in progress and stay."""
+    root = data_root(store, spec_path)
+    removed = []
+    kept = set(keep)
+    for name in store.listdir(root):
+        base = store.basename(name.rstrip("/"))
+        m = _PREFIX.match(base)
+        if m is None or base in kept or int(m.group(1)) > seq:
+            continue
+        store.delete_prefix(store.join(root, base))
+        removed.append(base)
+    old = [n for n in _record_numbers(store, spec_path) if n <= seq - KEEP_RECORDS]
+    store.delete([record_path(store, spec_path, n) for n in old])
+    return removed
+
+
+def pending(store: Store, spec_path: str, seq: int) -> list[str]:
+    """Prefixes of saves that started after commit ``seq`` (in progress, or killed before committing)."""
+    out = []
+    for name in store.listdir(data_root(store, spec_path)):
+        base = store.basename(name.rstrip("/"))
+        m = _PREFIX.match(base)
+        if m is not None and int(m.group(1)) > seq:
+            out.append(base)
+    return out

@@ -1,0 +1,92 @@
+"""``RemoteDir``: one checkpoint on an object store, read like ``OpenedDir`` reads a local directory.
+
+Every object of a checkpoint is immutable (written once under the checkpoint's own prefix), so a
+reader never sees a mix: what it reads is either the checkpoint's bytes or missing. Missing means a
+saver dropped the checkpoint meanwhile (rotation deletes the objects of dropped checkpoints after the
+commit record that drops them): ``CheckpointVanished``, and the caller starts over from the newest
+commit record. Nothing is mapped: ``mmap=True`` reads (there is no local file to map), and row reads
+are ranged GETs of the rows' bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ...errors import DataError, Location
+from ..checksums import digest_bytes
+from ..checksums import verify as check_digest
+from ..dirhandle import CheckpointVanished, MissingDir
+from ..manifest import MANIFEST, Manifest, parse_manifest
+from ..opened import MAX_MANIFEST, OpenedDir
+from ..stores.base import ReadFile, Store
+
+__all__ = ["RemoteDir"]
+
+
+class RemoteDir(OpenedDir):
+    """A checkpoint under ``path`` (a URL prefix) of ``store``, with its parsed manifest."""
+
+    def __init__(self, store: Store, path: str, manifest: Manifest) -> None:  # noqa: D107 (no descriptor: no super().__init__)
+        self.store = store
+        self.path = path
+        self.fd = -1
+        self.ino = None
+        self._subdirs: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.manifest = manifest
+        self.index: int | None = None
+
+    @classmethod
+    def open_remote(cls, store: Store, path: str, expect: tuple[int, tuple[str, str]] | None = None) -> RemoteDir:
+        """Read the manifest under ``path``; ``expect`` = (bytes, checksum) the commit record gives for it.
+
+        A missing manifest is ``MissingDir`` (dropped by a saver since the record was read)."""
+        where = store.join(path, MANIFEST)
+        size = store.size(where)
+        if size is None:
+            raise MissingDir("the checkpoint's manifest is missing (removed by a saver, or never committed)", Location(where))
+        if size > MAX_MANIFEST:
+            raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
+        try:
+            raw = store.read_bytes(where, "manifest.json", limit=MAX_MANIFEST)
+        except DataError:
+            if store.size(where) is None:
+                raise MissingDir("the checkpoint's manifest was removed while it was read", Location(where)) from None
+            raise
+        if expect is not None:
+            if len(raw) != expect[0]:
+                raise DataError(f"manifest has {len(raw)} bytes, the commit record says {expect[0]}", Location(where))
+            check_digest(expect[1], digest_bytes(raw, expect[1][0]), where)
+        return cls(store, path, parse_manifest(raw, where))
+
+    def where(self, rel: str) -> str:
+        return self.store.join(self.path, rel)
+
+    def open_file(self, rel: str) -> ReadFile:  # type: ignore[override]
+        full = self.where(rel)
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts) or rel.startswith("/"):
+            raise DataError(f"unsafe file name {rel!r} (must be a relative path inside the directory)", Location(full))
+        try:
+            return self.store.open_read(full, f"file {rel!r}")
+        except DataError:
+            if self.store.size(full) is not None:
+                raise
+            if self.removed():
+                raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path)) from None
+            raise DataError(f"file {rel!r} named in the manifest is missing", Location(full)) from None
+
+    def removed(self) -> bool:
+        return self.store.size(self.where(MANIFEST)) is None
+
+    def _map_npy(self, entry: Any) -> None:
+        return None  # nothing to map on an object store
+
+    def close(self) -> None:
+        held = self.__dict__.pop("_containers", {})
+        for f, _ in held.values():
+            f.close()
+
+    def __del__(self) -> None:
+        pass
