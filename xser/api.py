@@ -12,7 +12,7 @@ import logging
 import os
 
 import attrs
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .checkpoints.saver import SaveOptions, save_model
@@ -27,6 +27,7 @@ from .spec.saved import is_saved, open_saved
 from .storage import training_state
 from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, refuse_slot, selector
 from .storage.opened import CheckpointVanished, gather
+from .storage.stores import is_url, options, store_for
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
@@ -118,6 +119,7 @@ def save(
     formats: dict | None = None,
     threads: int = 2,
     shards: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters and its own spec copy).
 
@@ -136,7 +138,9 @@ def save(
     (``model-000000-of-00000N.safetensors``), each written by its own thread; the manifest records each
     array's file, offset and length (a row range reads only its bytes).
     """
-    save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards), name=name, training=training, custom=custom)
+    with options(storage_options):
+        save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards), name=name, training=training,
+                   custom=custom)
 
 
 def load(
@@ -152,6 +156,7 @@ def load(
     device: Any = None,
     tables: dict | None = None,
     missing: str = "error",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
@@ -181,11 +186,13 @@ def load(
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
             return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
 
-    return retrying(path, once)
+    with options(storage_options):
+        return retrying(path, once)
 
 
 def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
-              strict: bool = True, verify: bool = False, missing: str = "error") -> None:
+              strict: bool = True, verify: bool = False, missing: str = "error",
+              storage_options: Mapping[str, Any] | None = None) -> None:
     """Fill the parameters of an object already built (``obj``) in place from a saved model.
 
     Components are matched by their place in the object graph (``model.encoder``), parameters by
@@ -236,7 +243,8 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
             if kept:
                 _log.warning("%s: not in the checkpoint, kept as the object holds them (missing=\"init\"): %s", data.path, ", ".join(kept))
 
-    retrying(path, once)
+    with options(storage_options):
+        retrying(path, once)
 
 
 def _refuse_mismatches(plan: list, live: dict, experiment: Any, datadir: str) -> None:
@@ -265,6 +273,7 @@ def read_params(
     metric: str | None = None,
     mode: str = "max",
     rows: dict | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{subcollection: {param: array}}`` of a saved model, without building objects.
 
@@ -279,11 +288,12 @@ def read_params(
         with open_checkpoint(path, checkpoint) as data:
             return data.read_all(mmap=mmap, verify=verify, rows=rows)
 
-    return retrying(path, once)
+    with options(storage_options):
+        return retrying(path, once)
 
 
 def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
-                        mmap: bool = False) -> Any:
+                        mmap: bool = False, storage_options: Mapping[str, Any] | None = None) -> Any:
     """The ``training_state`` saved with a checkpoint: arrays back as numpy arrays, tensors as tensors (on the CPU)."""
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
@@ -294,7 +304,8 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best
                 raise CheckpointError("this checkpoint was saved without training_state", Location(data.path))
             return _state_of(data, mmap)
 
-    return retrying(path, once)
+    with options(storage_options):
+        return retrying(path, once)
 
 
 def _state_of(data: Any, mmap: bool) -> Any:
@@ -322,6 +333,7 @@ def resume(
     mmap: bool = False,
     verify: bool = False,
     device: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Resumed | None:
     """Continue a run: the saved model, its ``training_state``, step and checkpoint record, all from one
     checkpoint (the newest by default; see ``load`` for ``checkpoint``, ``metric``, ``mode``); ``None``
@@ -332,8 +344,9 @@ def resume(
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
-    if not os.path.lexists(path) and not checkpoints_exist(path):
-        return None
+    with options(storage_options):
+        if not (store_for(path).exists(path) if is_url(path) else os.path.lexists(path)) and not checkpoints_exist(path):
+            return None
 
     def once() -> Resumed:
         with open_saved(path, checkpoint) as saved:
@@ -345,6 +358,7 @@ def resume(
             index = data.index or 0  # its place in the listing it was chosen from
         return Resumed(model, state, record.step, attrs.evolve(record, index=index))
 
-    return retrying(path, once)
+    with options(storage_options):
+        return retrying(path, once)
 
 

@@ -20,109 +20,22 @@ import attrs
 from ..errors import CheckpointError, Location
 from ..spec.saved import hand_edit
 from ..storage.commit import finish, new_id, remove_leftovers, stage
+from ..storage.stores import is_url, options, store_for
 from ..storage.fsutil import open_regular, os_error
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
 from ..storage.lock import ModelLock
-from ..storage.manifest import ParamEntry
 from ..storage.plan import plan_save
 from ..storage.write import write
+from .common import SaveOptions, SaveReport, check_against, disk_structure, same_bytes, same_meta
 from .policy import Policy, as_policy, metrics_of, retain
+from .remote import save_remote, write_new_model_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
-from .snapshot import Snapshot, growing, snapshot
+from .snapshot import Snapshot, snapshot
 
 __all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
 
 _log = logging.getLogger("xser")
-
-
-def _mapping(value: Any) -> dict:
-    return dict(value or {})
-
-
-@attrs.frozen
-class SaveOptions:
-    """How a save writes: durability, block sizes and formats by pattern, writer threads."""
-
-    durable: bool = True
-    blocks: dict = attrs.field(factory=dict, converter=_mapping)
-    formats: dict = attrs.field(factory=dict, converter=_mapping)
-    threads: int = 2
-    shards: int | None = None  # pack every npy array into at most this many safetensors containers, one writer each
-
-
-@attrs.frozen
-class SaveReport:
-    """What a checkpoint save did.
-
-    The checkpoints a save removed (pruned by the policy, replaced by ``xser.save``, or all of them on
-    ``restart=True``) are named as they were *before* the save: ``removed_checkpoints`` holds their
-    listing records (``index``: their place in the list before the save, ``path``: the slot they had,
-    in the form of ``path``, with their step, id and metrics), newest first. ``removed`` and
-    ``removed_steps`` are those records' paths and steps. A slot name there may hold another checkpoint
-    after the save (the kept ones shift to ``.data.1``, ...): the id says which checkpoint it was.
-    """
-
-    skipped: bool  # the arrays equalled the newest checkpoint's: nothing was written
-    path: str | None  # the new checkpoint's directory (None when skipped)
-    written: int = 0  # files written
-    linked: int = 0  # files hard-linked from the previous checkpoint
-    removed_checkpoints: tuple[Checkpoint, ...] = ()  # what the save removed, as listed before it, newest first
-    spec_written: bool = False  # the top-level spec file was (re)written
-    id: str | None = None  # the new checkpoint's id
-    set_aside: tuple[str, ...] = ()  # slots without a valid manifest, moved to <model>.data.damaged-*
-
-    @property
-    def removed(self) -> tuple[str, ...]:
-        """The slot names the removed checkpoints had before this save (``model.yaml.data.2``), newest first."""
-        return tuple(c.path for c in self.removed_checkpoints)
-
-    @property
-    def removed_steps(self) -> tuple[int | None, ...]:
-        """The steps of the removed checkpoints (None for one saved without a step), newest first."""
-        return tuple(c.step for c in self.removed_checkpoints)
-
-
-def _disk_structure(entries: Mapping[str, Mapping[str, ParamEntry]]) -> dict:
-    return {s: {n: (e.dtype, growing(n, e.shape)) for n, e in ps.items()} for s, ps in entries.items()}
-
-
-def _mismatch(new: dict, old: dict) -> str | None:
-    if new == old:
-        return None
-    gone, added = sorted(set(old) - set(new)), sorted(set(new) - set(old))
-    if gone or added:
-        parts = []
-        if added:
-            parts.append(f"new subcollections {', '.join(added)}")
-        if gone:
-            parts.append(f"missing subcollections {', '.join(gone)}")
-        return "; ".join(parts)
-    for sub in sorted(new):
-        if new[sub] != old[sub]:
-            for name in sorted(set(new[sub]) | set(old[sub])):
-                a, b = new[sub].get(name), old[sub].get(name)
-                if a != b:
-                    def show(t):
-                        return "absent" if t is None else f"{tuple(t[1])!r} {t[0]}"
-                    return f"{sub}: param {name!r} is {show(a)} in the model, {show(b)} in the checkpoint"
-    return "differs"
-
-
-def _check_against(path: str, snap: Snapshot, against: list[tuple[Checkpoint, Any]], total: int, saver: str) -> None:
-    """Refuse a model that no longer matches the checkpoints; the message offers the fix that keeps them first."""
-    structure = snap.structure
-    for ck, d in against:
-        problem = _mismatch(structure, _disk_structure(d.subcollections))
-        if problem is not None:
-            what = "the checkpoint" if total == 1 else f"all {total} checkpoints"
-            raise CheckpointError(
-                f"the model no longer matches checkpoint {ck.path}: {problem}. To continue the saved run, resume it: "
-                f"r = xser.resume({path!r}) gives the model (r.model), its training state and step; save r.model. "
-                f"To start a new model instead, {saver}(..., restart=True) replaces {what} "
-                "(they are removed only after the new model's first checkpoint is saved)",
-                Location(path),
-            )
 
 
 def _clear_spec(path: str, text: str, edit: Any, durable: bool) -> None:
@@ -178,6 +91,9 @@ def save_locked(
     skip_duplicates: bool = False,
 ) -> SaveReport:
     """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
+    if is_url(path):
+        return save_remote(path, snap, options, policy=policy, restart=restart, check_all=check_all,
+                           skip_duplicates=skip_duplicates)
     refuse_special_spec(path)
     with scan(path, saver=True) as s:
         aside = recover(path, s, durable=options.durable)
@@ -187,13 +103,13 @@ def save_locked(
             if policy is None:  # xser.save replaces slot 0; every other checkpoint stays and must match
                 newest = data_dir_of(path, 0)
                 against = [(c, d) for c, d in existing if os.path.abspath(c.path) != os.path.abspath(newest)]
-                _check_against(path, snap, against, len(existing), "xser.CheckpointSaver")
+                check_against(path, snap, against, len(existing), "xser.CheckpointSaver")
             else:
-                _check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
+                check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
         previous = existing[0][1] if existing and not restart else None
         model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
-        if skip_duplicates and previous is not None and _same_meta(snap, previous) and not options.blocks and not snap.formats:
-            if _disk_structure(previous.subcollections) == snap.structure and _same_bytes(snap, previous):
+        if skip_duplicates and previous is not None and same_meta(snap, previous) and not options.blocks and not snap.formats:
+            if disk_structure(previous.subcollections) == snap.structure and same_bytes(snap, previous):
                 _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
                 return SaveReport(True, None, set_aside=aside)
         with contextlib.ExitStack() as stack:
@@ -220,36 +136,12 @@ def save_locked(
     )
 
 
-def _same_meta(snap: Snapshot, previous: Any) -> bool:
-    """The save brings nothing new to record: same step, metrics, training and custom data, no training state."""
-    meta = previous.meta
-    return (
-        snap.state_arrays is None and previous.manifest.state is None and snap.meta["step"] == meta.get("step")
-        and all(snap.meta[k] == (meta.get(k) or {}) for k in ("metrics", "training", "custom"))
-    )
-
-
-def _same_bytes(snap: Snapshot, previous: Any) -> bool:
-    from ..storage.formats import FORMATS
-
-    import numpy as np
-
-    for sub, params in snap.arrays.items():
-        for name, (arr, _) in params.items():
-            entry = previous.subcollections[sub][name]
-            if not isinstance(arr, np.ndarray) or not entry.whole or entry.blocks[0].format != "npy":
-                return False
-            block = entry.blocks[0]
-            size, digest = FORMATS["npy"].digest(arr)
-            if block.checksum != ("xxh3_64", digest) or block.bytes != size:
-                return False  # usually the first array already differs: cheap
-    return True
-
-
 def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = None, training: Any = None,
                custom: Any = None, replace: Mapping[str, Any] | None = None) -> SaveReport:
     """``xser.save``: snapshot, then replace the newest checkpoint under the model lock."""
     snap = snapshot(obj, path, name=name, training=training, custom=custom, formats=options.formats, replace=replace)
+    if is_url(path):
+        return save_remote(path, snap, options, policy=None)
     with ModelLock(path), os_errors(path):
         return save_locked(path, snap, options, policy=None)
 
@@ -260,6 +152,8 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
     An existing model at ``out`` is an error unless ``force``; then it is replaced whole (its
     older checkpoints too), with the same commit point as every save.
     """
+    if is_url(out):
+        return write_new_model_remote(out, snaps, options, force=force)
     with ModelLock(out), os_errors(out):
         refuse_special_spec(out)
         with scan(out, saver=True) as s:
@@ -274,6 +168,15 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
                 _clear_spec(out, snaps[0].spec_text, edit, options.durable)
                 publish_new_model(out, [st.path for st in staged], old, options.durable)
         sync_spec(out, snaps[0].spec_text, options.durable)
+
+
+class _Unlocked:
+    """A saver's "lock" on an object store, which has none: each save's conditional commit is what excludes others."""
+
+    held = True
+
+    def release(self) -> None:
+        self.held = False
 
 
 class CheckpointSaver:
@@ -301,17 +204,21 @@ class CheckpointSaver:
         formats: Mapping[str, Any] | None = None,
         threads: int = 2,
         shards: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        self.storage_options = None if storage_options is None else dict(storage_options)
+        store_for(self.path, self.storage_options)  # a URL the saver cannot reach is an error now, not at the first save
         self.options = SaveOptions(durable, blocks, formats, threads, shards)
         self.policy = as_policy(keep)
         self.restart = restart
         self._warned: set[tuple[str, str]] = set()
-        self._lock = ModelLock(self.path).acquire()
+        self._lock: Any = _Unlocked() if is_url(self.path) else ModelLock(self.path).acquire()
         self._checked = False
         try:
             with os_errors(self.path):
-                remove_leftovers(self.path)
+                if not is_url(self.path):
+                    remove_leftovers(self.path)
         except BaseException:
             self._lock.release()
             raise
@@ -366,7 +273,7 @@ class CheckpointSaver:
             obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
             training_state_value=training_state, formats=self.options.formats,
         )
-        with os_errors(self.path):
+        with os_errors(self.path), options(self.storage_options):
             report = save_locked(
                 self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
                 check_all=not self._checked, skip_duplicates=True,

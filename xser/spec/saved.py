@@ -25,6 +25,7 @@ import attrs
 from ..errors import DataError, Location, SpecError
 from ..storage.checksums import digest_bytes
 from ..storage.listing import open_checkpoint, scan
+from ..storage.stores import is_url, store_for
 from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir
 from .dumping import dump
@@ -159,6 +160,10 @@ def open_saved(path: str | os.PathLike, checkpoint: Any = 0, *, edits: bool = Tr
     try:
         data = open_checkpoint(path, checkpoint)
     except DataError:
+        if is_url(path):
+            if not store_for(path).exists(path):
+                read(path)  # no model and no spec file: the spec file's own error (file not found)
+            raise
         if not os.path.lexists(path):
             read(path)  # no model and no spec file: the spec file's own error (file not found)
         if os.path.isfile(path) and not is_saved(read(path)):
@@ -286,10 +291,11 @@ def top_level_state(path: str, data: OpenedDir) -> str:
     directory in its place is a ``SpecError``."""
     if data.manifest.spec is None:
         return "no copy"
-    if not os.path.lexists(path):
+    remote = is_url(path)
+    if not (store_for(path).exists(path) if remote else os.path.lexists(path)):
         return "missing"
     text = _top_text(path)
-    if text is None and not os.path.isfile(path):
+    if text is None and not remote and not os.path.isfile(path):
         read_text(path)  # a FIFO, device or directory in its place: its SpecError (never opened for a read that could block)
     if text is None:
         return "unreadable"

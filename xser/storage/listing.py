@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -24,7 +25,9 @@ from .layout import data_dir_of, slot_names, slot_of
 from .lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
+from .objects.commit import latest, remote_scan
 from .scanned import Best, Checkpoint, Scan, best_n, record_of, score
+from .stores import is_url, options, store_for
 
 __all__ = ["Best", "Checkpoint", "Scan", "best_n", "checkpoints", "open_checkpoint", "refuse_slot", "scan", "score", "selector"]
 
@@ -39,6 +42,8 @@ def scan(spec_path: str | os.PathLike, *, saver: bool = False) -> Scan:
     the caller holds the model lock, so nothing moves; its checkpoints are opened unpinned.
     """
     spec_path = os.fspath(spec_path)
+    if is_url(spec_path):  # an object store: the newest commit record says what the model holds
+        return remote_scan(store_for(spec_path), spec_path)
     for attempt in range(ATTEMPTS):
         with contextlib.nullcontext() if saver else ListingLock(spec_path, exclusive=False):
             slots, opened, damaged, moved = _open_slots(spec_path, pin=not saver)
@@ -109,17 +114,20 @@ def checkpoint_record(d: OpenedDir) -> Checkpoint:
 
 
 def checkpoints_exist(path: str | os.PathLike) -> bool:
-    """Whether any data slot (``.data``, ``.data.1``, ...) exists for the model at ``path``."""
+    """Whether any data slot (``.data``, ``.data.1``, ...) exists for the model at ``path`` (on an object store: any
+    commit record)."""
+    if is_url(os.fspath(path)):
+        return latest(store_for(os.fspath(path)), os.fspath(path))[1] is not None
     return bool(slot_names(os.fspath(path)))
 
 
-def checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
+def checkpoints(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> list[Checkpoint]:
     """The checkpoints of a saved model, newest first, with step, time and metrics.
 
     Directories without a valid manifest are not checkpoints and are not listed; a checkpoint
     written by a newer xser is a ``CheckpointError``.
     """
-    with scan(path) as s:
+    with options(storage_options), scan(path) as s:
         return s.checkpoints
 
 
@@ -148,6 +156,8 @@ def check_index(path: str, checkpoint: Any) -> Any:
 
 def refuse_slot(path: str) -> None:
     """A checkpoint directory (``m.yaml.data``) given where the model's file belongs: say which file to give."""
+    if is_url(path):
+        return
     slot = slot_of(path) if os.path.isdir(path) and not os.path.lexists(data_dir_of(path, 0)) else None
     if slot is None:
         return
@@ -167,7 +177,7 @@ def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0) -> OpenedDir:
     path = os.fspath(path)
     checkpoint = 0 if checkpoint == "last" else check_index(path, checkpoint)
     refuse_slot(path)
-    if checkpoint == 0:
+    if checkpoint == 0 and not is_url(path):
         try:
             d = OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
             d.index = 0

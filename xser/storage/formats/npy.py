@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import math
 import mmap
-import os
 import re
 import struct
 from collections.abc import Iterator
