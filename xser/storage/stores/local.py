@@ -181,6 +181,7 @@ class LocalStore:
 
     def copy(self, src: str, dst: str) -> None:
         try:
+            makedirs_durable(self.parent(dst), durable=False)
             try:
                 os.link(src, dst, follow_symlinks=False)
             except OSError:
