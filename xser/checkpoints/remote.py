@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Any
 
 import attrs
@@ -78,8 +77,6 @@ def _write_remote(staging: Any, snap: Snapshot, options: SaveOptions, previous: 
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
         formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
     )
-    for d in plan.dirs:
-        os.makedirs(os.path.join(staging.spool, d), exist_ok=True)
     results = write(staging.spool, plan, durable=False, threads=max(options.threads, options.shards or 0), sink=staging)
     manifest = manifest_of(plan, results, snap.meta, id=staging.id, model=model)
     finish_remote(staging, manifest, *counts(plan, results))
