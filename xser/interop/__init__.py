@@ -55,7 +55,27 @@ def read_param(model: str | os.PathLike, param: str, checkpoint: Any = 0) -> np.
     return retrying(os.fspath(model), once)
 
 
-def refuse_existing(path: str, force: bool) -> None:
-    """An export never overwrites silently: an existing output (a dangling link too) is an error unless ``force``."""
-    if os.path.lexists(path) and not force:
+def refuse_existing(path: str, force: bool, store: Any = None) -> None:
+    """An export never overwrites silently: an existing output (a dangling link too; on an object store, an object or
+    a prefix of some) is an error unless ``force``."""
+    from ..storage.replace import output_exists
+
+    if not force and output_exists(path, store):
         raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(path))
+
+
+def store_of(path: str, storage_options: Any = None, *, others: tuple[str, ...] = ()) -> Any:
+    """The byte store of ``path``. ``storage_options`` configure the filesystem of the function's URLs: they go to
+    ``path`` when it is one; given when neither ``path`` nor any of ``others`` is a URL, they are an error."""
+    from ..storage.stores import is_url, store_for
+
+    if storage_options and not is_url(path) and any(is_url(o) for o in others):
+        return store_for(path)
+    return store_for(path, storage_options)
+
+
+def where_from(path: str) -> str:
+    """How an import records its source: a local path made absolute, a URL as given."""
+    from ..storage.stores import is_url
+
+    return path if is_url(path) else os.path.abspath(path)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from typing import Any
 
@@ -32,8 +31,9 @@ from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FIL
 from ..storage.formats.angel_text import readable_separator
 from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
-from ..storage.fsutil import open_regular, read_regular
 from ..storage.replace import replaced_output
+from ..storage.source import open_source
+from ..storage.stores import Store
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
 
@@ -103,6 +103,7 @@ def export_angel(
     per_file: int | None = None,
     row_type: int | None = None,
     force: bool = False,
+    storage_options: dict | None = None,
 ) -> list[str]:
     """Write ``param`` (a 2-D float32/float64/int32/int64 matrix) as an Angel matrix directory ``out_dir/<name>/``.
 
@@ -115,11 +116,12 @@ def export_angel(
     partitions and their files, matrix name and the rest of ``_meta``), so that export gives back the imported
     files byte for byte; else ``colid-value-text``, ``,``, one partition, 5 per file. ``param`` is
     ``"<subcollection>/<parameter>"`` or its component path; an existing ``out_dir/<name>`` is an error unless
-    ``force`` (which replaces it whole).
+    ``force`` (which replaces it whole). ``out_dir`` may be a URL (``s3://``, ``memory://``, ...; ``storage_options``
+    go to its filesystem): the files are uploaded, ``_meta`` last (not atomic as a set there: see docs/interop.md).
     """
     import warnings
 
-    from . import read_param, refuse_existing
+    from . import read_param, refuse_existing, store_of
 
     if format is not None and format not in FORMATS:
         raise DataError(f"unknown Angel format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
@@ -164,15 +166,16 @@ def export_angel(
     name = matrix_name or (rmeta.get("matrixName") if isinstance(rmeta.get("matrixName"), str) and rmeta.get("matrixName") else pname)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise DataError(f"matrix name {name!r} must be a plain directory name")
-    target = os.path.join(os.fspath(out_dir), name)
-    refuse_existing(target, force)
+    store = store_of(os.fspath(out_dir), storage_options, others=(os.fspath(model),))
+    target = store.join(os.fspath(out_dir), name)
+    refuse_existing(target, force, store)
     column = format.endswith("column")
     metas: dict[int, Any] = {}
     written = []
     files: dict[str, list] = {}
     for pid, box, fname in parts:
         files.setdefault(fname, []).append((pid, box))
-    with replaced_output(target) as staging:  # the matrix directory appears whole, replacing an old one whole
+    with replaced_output(target, store=store, last=("_meta",)) as staging:  # the matrix directory appears whole, replacing an old one whole
         with progress(w.nbytes, "exporting"):
             for fname, group in files.items():
                 offset = 0
@@ -191,7 +194,7 @@ def export_angel(
                                          for r in rowmetas_order([r for r, _ in row_metas])},
                         }
                         offset += len(data)
-                written.append(os.path.join(target, fname))
+                written.append(store.join(target, fname))
         meta = {
             "matrixId": rmeta.get("matrixId", 1), "matrixName": name, "formatClassName": PACKAGE + FORMATS[format], "rowType": row_type,
             "row": rows, "col": cols, "blockRow": block, "blockCol": rmeta.get("blockCol", cols) if rmeta else cols,
@@ -202,7 +205,7 @@ def export_angel(
         body = _jettison(meta).encode("utf-8")
         with open(os.path.join(staging, "_meta"), "wb") as fh:
             fh.write(struct.pack(">i", len(body)) + body)
-    written.append(os.path.join(target, "_meta"))
+    written.append(store.join(target, "_meta"))
     return written
 
 
@@ -235,7 +238,7 @@ def _partition_box(pid: str, pm: Any, rows: int, cols: int, where: Location) -> 
     return (r0, c0), (r1 - r0, c1 - c0)
 
 
-def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[dict, np.ndarray]:
+def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None, *, storage_options: dict | None = None) -> tuple[dict, np.ndarray]:
     """The ``_meta`` and the matrix of an Angel matrix directory, every partition checked.
 
     Nothing is allocated before the declared sizes are checked against the bytes present: the
@@ -243,8 +246,11 @@ def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[d
     at least as many bytes as its values need in its layout (every value for a dense row type, the
     element counts its metadata declares for a sparse one). Text formats are split at ``sep``, a
     regular expression as Angel's reader uses it (``text.format.filed.sep``); found in each file when None.
+    ``matrix_dir`` may be a URL (``storage_options`` go to its filesystem).
     """
-    meta, out, _ = _read_angel(matrix_dir, sep)
+    from . import store_of
+
+    meta, out, _ = _read_angel(store_of(os.fspath(matrix_dir), storage_options), matrix_dir, sep)
     return meta, out
 
 
@@ -262,14 +268,14 @@ def _declared(fmt: str, pm: dict, size: tuple[int, int], dense: bool, pid: str, 
                for k, m in metas.items())
 
 
-def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[dict, np.ndarray, dict[str, str]]:
+def _read_angel(store: Store, matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[dict, np.ndarray, dict[str, str]]:
     """read_angel, and the separator each text partition was split at (by partId)."""
     d = os.fspath(matrix_dir)
-    mpath = os.path.join(d, "_meta")
+    mpath = store.join(d, "_meta")
     mwhere = Location(mpath)
-    if not os.path.lexists(mpath):
+    if not store.exists(mpath):
         raise DataError("no _meta file (not an Angel matrix directory?)", mwhere)
-    raw = read_regular(mpath, "_meta", limit=MAX_META)
+    raw = store.read_bytes(mpath, "_meta", limit=MAX_META)
     if len(raw) < 4:
         raise DataError("_meta is shorter than its 4-byte length prefix", mwhere)
     (n,) = struct.unpack(">i", raw[:4])
@@ -309,8 +315,8 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
             raise DataError(f"partition {pid}: file name {fname!r} must stay inside the matrix directory", mwhere)
         offset = _int(pm.get("offset"), f"partition {pid}: offset", mwhere)
         length = _int(pm.get("length"), f"partition {pid}: length", mwhere)
-        path = os.path.join(d, fname)
-        _check_extent(path, str(pid), offset, length, sizes)
+        path = store.join(d, fname)
+        _check_extent(store, path, str(pid), offset, length, sizes)
         reads.append((int(pid) if str(pid).lstrip("-").isdigit() else 0, str(pid), pm, path, offset, length))
     _check_cover(boxes, rows, cols, mwhere)
     on_disk = sum(r[5] for r in reads)
@@ -333,11 +339,10 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
     seps: dict[str, str] = {}
     for _, pid, pm, path, offset, length in sorted(reads, key=lambda r: (r[0], r[1])):
         try:
-            with open_regular(path, f"partition {pid}'s data file") as fh:
+            with open_source(store, path, f"partition {pid}'s data file", missing=f"partition {pid}: data file missing",
+                             special=f"partition {pid}: not a regular file") as fh:
                 fh.seek(offset)
-                data = fh.read(length)
-        except FileNotFoundError:
-            raise DataError(f"partition {pid}: data file missing", Location(path)) from None
+                data = _read_span(fh, length)
         except OSError as e:
             raise DataError(f"partition {pid}: cannot read: {e.strerror or e}", Location(path)) from None
         if len(data) != length:
@@ -353,19 +358,28 @@ def _read_angel(matrix_dir: str | os.PathLike, sep: str | None = None) -> tuple[
     return meta, out, seps
 
 
-def _check_extent(path: str, pid: str, offset: int, length: int, sizes: dict[str, int]) -> None:
-    """The partition's bytes are in its data file, a regular file (checked before opening it: a FIFO would block),
-    so that the sizes checked before allocating are the bytes really there."""
+def _read_span(f: object, length: int) -> bytes:
+    """Up to ``length`` bytes from where an open file stands, however many reads it takes."""
+    parts, got = [], 0
+    while got < length:
+        b = f.read(length - got)  # type: ignore[attr-defined]
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def _check_extent(store: Store, path: str, pid: str, offset: int, length: int, sizes: dict[str, int]) -> None:
+    """The partition's bytes are in its data file, a regular file (the store refuses a FIFO when it is opened, never
+    waiting for it), so that the sizes checked before allocating are the bytes really there."""
     if path not in sizes:
         try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise DataError(f"partition {pid}: data file missing", Location(path)) from None
+            with open_source(store, path, f"partition {pid}'s data file", missing=f"partition {pid}: data file missing",
+                             special=f"partition {pid}: not a regular file") as f:
+                sizes[path] = f.size
         except OSError as e:
             raise DataError(f"partition {pid}: cannot read: {e.strerror or e}", Location(path)) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise DataError(f"partition {pid}: not a regular file", Location(path))
-        sizes[path] = st.st_size
     if offset + length > sizes[path]:
         raise DataError(f"partition {pid} is truncated: {max(0, min(length, sizes[path] - offset))} of {length} bytes at offset "
                         f"{offset}", Location(path))
@@ -387,18 +401,21 @@ def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:
 
 
 def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
-                 sep: str | None = None) -> str:
+                 sep: str | None = None, storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!AngelMatrix``) of an Angel matrix directory; returns its subcollection name.
 
     ``sep``: the text formats' separator, a regular expression as Angel's reader takes it (found in the files
     when None). The model's metadata records the layout (``angel_layout``: format, separator, row type, the
-    partitions and their files, the rest of ``_meta``), which ``export_angel`` uses when not told otherwise."""
+    partitions and their files, the rest of ``_meta``), which ``export_angel`` uses when not told otherwise.
+    ``matrix_dir`` may be a URL (``s3://``, ``hdfs://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
+    from . import store_of, where_from
+
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    meta, values, seps = _read_angel(matrix_dir, sep)
+    meta, values, seps = _read_angel(store_of(os.fspath(matrix_dir), storage_options, others=(os.fspath(out),)), matrix_dir, sep)
     name = fresh_name(AngelMatrix)
     dtype = "float32" if values.dtype == np.float32 else str(values.dtype)
     tree = Tagged("!AngelMatrix", {"name": str(meta.get("matrixName", "")), "rows": values.shape[0], "cols": values.shape[1],
@@ -413,6 +430,6 @@ def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force
                         pm["fileName"]] for pid, pm in parts],
         "meta": info,
     }
-    meta_out = {"training": {"imported_from": os.path.abspath(os.fspath(matrix_dir)), "angel_meta": info, "angel_layout": layout}}
+    meta_out = {"training": {"imported_from": where_from(os.fspath(matrix_dir)), "angel_meta": info, "angel_layout": layout}}
     write_new_model(os.fspath(out), [Snapshot(text, {name: {"values": (values, True)}}, meta_out)], SaveOptions(durable), force=force)
     return name

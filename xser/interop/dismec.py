@@ -29,6 +29,7 @@ from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
 from ..storage.formats.dismec_codec import dense_text, dismec_npy, lost_values, save_model_files, sparse_text
+from ..storage.stores import Store
 
 __all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
 
@@ -63,10 +64,8 @@ class WeightFile:
 # ---------------------------------------------------------------- reading
 
 
-def _meta(path: str, partial: bool = False) -> tuple[dict, list[WeightFile]]:
-    from ..storage.fsutil import read_regular
-
-    raw = read_regular(path, "metadata file")
+def _meta(store: Store, path: str, partial: bool = False) -> tuple[dict, list[WeightFile]]:
+    raw = store.read_bytes(path, "metadata file")
     try:
         meta = json.loads(raw.decode("utf-8"))
     except RecursionError:
@@ -116,18 +115,17 @@ def _meta(path: str, partial: bool = False) -> tuple[dict, list[WeightFile]]:
     return meta, files
 
 
-def _resolve(meta_path: str, name: str) -> str:
+def _resolve(store: Store, meta_path: str, name: str) -> str:
     if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
         raise DataError(f"weight file {name!r} must be a path relative to the metadata file, inside its directory", Location(meta_path))
-    return os.path.join(os.path.dirname(os.path.abspath(meta_path)), name)
+    return store.join(store.parent(meta_path), name)
 
 
-def _read_text(fmt: Any, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
+def _read_text(fmt: Any, store: Store, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     """A DiSMEC++ text file, parsed by xser's own text format (every value must be finite), and its precision."""
     from ..storage.formats.text import SPARSE_TEXT, g_precision
-    from ..storage.fsutil import read_regular
 
-    data = read_regular(path, "weight file")
+    data = store.read_bytes(path, "weight file")
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -141,30 +139,30 @@ def _read_text(fmt: Any, path: str, count: int, features: int) -> tuple[np.ndarr
     return out, g_precision(data, sparse=fmt is SPARSE_TEXT)
 
 
-def _read_dense_text(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
+def _read_dense_text(store: Store, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.text import DENSE_TEXT
 
-    return _read_text(DENSE_TEXT, path, count, features)
+    return _read_text(DENSE_TEXT, store, path, count, features)
 
 
-def _read_sparse_text(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
+def _read_sparse_text(store: Store, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.text import SPARSE_TEXT
 
-    return _read_text(SPARSE_TEXT, path, count, features)
+    return _read_text(SPARSE_TEXT, store, path, count, features)
 
 
-def _read_npy(path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
+def _read_npy(store: Store, path: str, count: int, features: int) -> tuple[np.ndarray, int | None]:
     from ..storage.formats.npy import read_header
-    from ..storage.fsutil import open_regular
+    from ..storage.source import open_source
 
-    with open_regular(path, "weight file") as f:
+    with open_source(store, path, "weight file") as f:
         shape, fortran, dtype, offset = read_header(f, path)
         if dtype != np.dtype("<f4") or fortran or tuple(shape) != (count, features):
             raise DataError(
                 f"expected a C-order <f4 array of shape ({count}, {features}), found {'Fortran-order ' if fortran else ''}{dtype.str} {tuple(shape)}",
                 Location(path),
             )
-        data = f.read()
+        data = _rest(f)
     if len(data) != count * features * 4:
         raise DataError(f"file holds {len(data)} data bytes, expected {count * features * 4}", Location(path))
     return np.frombuffer(data, "<f4").reshape(count, features).copy(), None
@@ -179,10 +177,19 @@ DENSE_PER_STORED_BYTE = 64
 MAX_DENSE_FLOOR = 256 << 20
 
 
-def _check_dense_size(path: str, wf: WeightFile, features: int) -> None:
-    try:
-        size = os.stat(path).st_size
-    except OSError:
+def _rest(f: Any) -> bytes:
+    """The rest of an open file, from where it stands."""
+    parts = []
+    while True:
+        b = f.read(1 << 24)
+        if not b:
+            return b"".join(parts)
+        parts.append(b)
+
+
+def _check_dense_size(store: Store, path: str, wf: WeightFile, features: int) -> None:
+    size = store.size(path)
+    if size is None:
         return  # the reader says why
     need = wf.count * features * 4
     if need > max(MAX_DENSE_FLOOR, DENSE_PER_STORED_BYTE * size):
@@ -191,37 +198,49 @@ def _check_dense_size(path: str, wf: WeightFile, features: int) -> None:
                         "num-features)", Location(path))
 
 
-def read_dismec(meta_path: str | os.PathLike, partial: bool = False) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
+def read_dismec(meta_path: str | os.PathLike, partial: bool = False, *, storage_options: dict | None = None
+                ) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
     """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing); each text
-    file's ``WeightFile`` has the precision it was written with."""
+    file's ``WeightFile`` has the precision it was written with. ``meta_path`` may be a URL (``storage_options``
+    go to its filesystem)."""
+    from . import store_of
+
     meta_path = os.fspath(meta_path)
-    meta, files = _meta(meta_path, partial)
+    return _read_dismec(store_of(meta_path, storage_options), meta_path, partial)
+
+
+def _read_dismec(store: Store, meta_path: str, partial: bool) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
+    meta, files = _meta(store, meta_path, partial)
     out = []
     for wf in files:
-        path = _resolve(meta_path, wf.file)
-        if not os.path.lexists(path):
+        path = _resolve(store, meta_path, wf.file)
+        if not store.exists(path):
             raise DataError(f"weight file {wf.file!r} not found (resolved relative to the metadata file)", Location(path))
         if wf.format == "SparseTXT":
-            _check_dense_size(path, wf, meta["num-features"])
-        rows, precision = _READERS[wf.format](path, wf.count, meta["num-features"])
+            _check_dense_size(store, path, wf, meta["num-features"])
+        rows, precision = _READERS[wf.format](store, path, wf.count, meta["num-features"])
         out.append((attrs.evolve(wf, precision=precision), rows))
     return meta, out
 
 
 def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
-                  partial: bool = False) -> str:
+                  partial: bool = False, storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name.
 
     ``partial`` imports the label ranges present in a metadata file that misses some (a checkpoint of an
     unfinished training run, which DiSMEC++'s partial loader reads): the model holds those rows only and
-    records which labels they are (``present``), and the missing ranges are listed in its metadata."""
+    records which labels they are (``present``), and the missing ranges are listed in its metadata. ``meta_path``
+    may be a URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
+    from . import store_of, where_from
+
     meta_path, out = os.fspath(meta_path), os.fspath(out)
-    meta, parts = read_dismec(meta_path, partial)
+    store = store_of(meta_path, storage_options, others=(out,))
+    meta, parts = _read_dismec(store, meta_path, partial)
     name = fresh_name(DismecModel)
     present = [[wf.first, wf.count] for wf, _ in parts]
     gaps = sum(c for _, c in present) != meta["num-labels"]
@@ -235,10 +254,10 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
     if gaps:
         args["present"] = present
     tree = Tagged("!DismecModel", {**args, "xser_subcol_name": name})
-    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(meta_path), "experiment": tree})
+    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": store.basename(meta_path), "experiment": tree})
     extra = {k: v for k, v in meta.items() if k not in ("files", "num-labels", "num-features")}
     meta_out = {
-        "training": {"imported_from": os.path.abspath(meta_path), "dismec_files": [attrs.asdict(wf) for wf, _ in parts]},
+        "training": {"imported_from": where_from(meta_path), "dismec_files": [attrs.asdict(wf) for wf, _ in parts]},
         "custom": extra.pop("custom", {}) if isinstance(extra.get("custom", {}), dict) else {},
     }
     meta_out["training"]["dismec_metadata"] = extra
@@ -321,6 +340,7 @@ def export_dismec(
     layout: str = "auto",
     ranges: list[tuple[int, int]] | None = None,
     force: bool = False,
+    storage_options: dict | None = None,
 ) -> list[str]:
     """Write ``param`` (``"<subcollection>/<parameter>"`` or its component path, a 2-D float matrix) as DiSMEC++ files.
     Existing files are an error unless ``force``.
@@ -334,14 +354,18 @@ def export_dismec(
     ``precision`` (significant digits of the text formats) defaults to the precision each file was found to have
     when it was imported (so the files come back byte for byte), else DiSMEC++'s default 6. A precision given
     explicitly that changes a value (lower than the imported files had, or than the float32 values need) warns.
+
+    ``meta_out`` may be a URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem): the files are
+    uploaded, the metadata last (not atomic as a set there: see docs/interop.md).
     """
     import warnings
 
     from ..storage.formats.text import DISMEC_PRECISION
 
-    from . import read_param, refuse_existing
+    from . import read_param, refuse_existing, store_of
 
     meta_out = os.fspath(meta_out)
+    store = store_of(meta_out, storage_options, others=(os.fspath(model),))
     if layout not in ("auto", "split", "cli"):
         raise DataError(f"layout must be auto, split or cli, got {layout!r}")
     if format is not None and format not in FORMATS:
@@ -356,7 +380,7 @@ def export_dismec(
     if not np.all(np.isfinite(w)):
         raise DataError(f"{param} holds non-finite values, which DiSMEC++ cannot read back", Location(os.fspath(model)))
     labels, features = w.shape
-    base = os.path.basename(meta_out)
+    base = store.basename(meta_out)
     recorded, extra = _recorded(model, checkpoint, labels) if layout == "auto" and ranges is None else (None, {})
     if recorded is not None:
         ranges = [(wf["first"], wf["count"]) for wf in recorded]
@@ -377,13 +401,13 @@ def export_dismec(
     precisions = [precision or p or DISMEC_PRECISION for p in found]
     if culling and any(f != "SparseTXT" for f in formats):
         raise DataError(f"culling applies to SparseTXT only; this export writes {', '.join(sorted(set(formats)))}")
-    for name in [os.path.basename(meta_out), *names]:
-        refuse_existing(os.path.join(os.path.dirname(os.path.abspath(meta_out)), name), force)
-    parent = os.path.dirname(os.path.abspath(meta_out))
+    parent = store.parent(meta_out)
+    for name in [base, *names]:
+        refuse_existing(store.join(parent, name), force, store)
     written = []
     row = 0
     # each file written beside its name, then put in place; the metadata, which names the others, last
-    with replaced_outputs([os.path.join(parent, n) for n in names] + [meta_out], [False] * (len(names) + 1)) as staged, \
+    with replaced_outputs([store.join(parent, n) for n in names] + [meta_out], [False] * (len(names) + 1), store) as staged, \
             progress(w.nbytes, "exporting"):
         for (first, count), fname, format, digits, had in zip(ranges, names, formats, precisions, found):
             rows = w[row : row + count].astype(np.float32)  # a partial model's rows follow each other whatever the labels
@@ -397,7 +421,7 @@ def export_dismec(
             row += count
             data = {"DenseTXT": lambda: dense_text(rows, digits), "SparseTXT": lambda: sparse_text(rows, digits, culling),
                     "DenseNPY": lambda: dismec_npy(rows)}[format]()
-            path = os.path.join(parent, fname)
+            path = store.join(parent, fname)
             with open(staged[len(written)], "wb") as f:
                 f.write(data)
             written.append(path)

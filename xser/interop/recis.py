@@ -151,9 +151,12 @@ def _contents(data: Any, experiment: Any) -> tuple[dict, dict]:
 
 @writes_files
 def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None,
-                 mode: str = "max", shards: int = 1, parallel: int = 4, force: bool = False, model_pt: bool = True) -> list[str]:
+                 mode: str = "max", shards: int = 1, parallel: int = 4, force: bool = False, model_pt: bool = True,
+                 storage_options: dict | None = None) -> list[str]:
     """Write ``model``'s checkpoint as a RecIS directory ``out`` (written beside it, then renamed into place).
-    ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``xser.load``.
+    ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``xser.load``. ``out`` may be a URL (``s3://``,
+    ``memory://``, ...; ``storage_options`` go to its filesystem): the files are uploaded, ``index`` last (not atomic
+    as a set there: see docs/interop.md).
 
     With torch installed (and ``model_pt``), dense tensors also go to ``model.pt`` (a ``torch.save`` of a dict of
     tensors: a pickle of tensors only, loadable with ``weights_only=True``), as RecIS's CheckpointManager writes it.
@@ -161,15 +164,18 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
     from ..api import retrying
     from ..spec.saved import open_saved
 
+    from . import store_of
+
     model, out = os.fspath(model), os.fspath(out)
     which = selector(checkpoint, metric, mode, model)
-    refuse_existing(out, force)
+    store = store_of(out, storage_options, others=(model,))
+    refuse_existing(out, force, store)
 
     def once() -> list[str]:
         with open_saved(model, which) as saved:
             tables, dense = _contents(saved.data, saved.experiment)
         files = render_files(tables, dense, shards=shards, parallel=parallel)
-        with replaced_output(out) as staging:
+        with replaced_output(out, store=store, last=(INDEX,)) as staging:
             total = sum(a.nbytes for t in tables.values() for a in t.values()) + sum(a.nbytes for a in dense.values())
             with progress(total, "exporting"):
                 for name, body in files.items():
@@ -180,7 +186,7 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
                             advance(len(raw))
             if model_pt and dense:
                 _model_pt(os.path.join(staging, "model.pt"), dense)
-        return [os.path.join(out, n) for n in sorted(os.listdir(out))]
+        return [store.join(out, n) for n in store.listdir(out)]
 
     return retrying(model, once)
 
@@ -202,18 +208,23 @@ def _model_pt(path: str, dense: dict[str, np.ndarray]) -> None:
     torch.save(out, path)
 
 
-def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> str:
+def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
+                 storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!RecisModel``) of a RecIS v2 checkpoint directory; returns its subcollection name.
 
-    A table's slices are put together in slice order; its ids must be unique across slices.
+    A table's slices are put together in slice order; its ids must be unique across slices. ``directory`` may be a
+    URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem): only the blocks' bytes are read.
     """
+    from . import store_of, where_from
+
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     directory, out = os.fspath(directory), os.fspath(out)
-    blocks = read_layout(directory)
+    store = store_of(directory, storage_options, others=(out,))
+    blocks = read_layout(directory, store)
     tables: dict[str, dict[str, list]] = {}
     dense: dict[str, Any] = {}
     for tensor, bs in tensors(blocks).items():  # a table's slices in slice order
@@ -250,8 +261,8 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
         spec_dense[name] = [find(b.dtype).tag, list(b.shape)]
     sub = fresh_name(RecisModel)
     tree = Tagged("!RecisModel", {"tables": spec_tables, "dense": spec_dense, "xser_subcol_name": sub})
-    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(directory.rstrip("/")), "experiment": tree})
-    meta = {"training": {"imported_from": os.path.abspath(directory), "recis_blocks": len(blocks)}}
+    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": store.basename(directory.rstrip("/")), "experiment": tree})
+    meta = {"training": {"imported_from": where_from(directory), "recis_blocks": len(blocks)}}
     write_new_model(out, [Snapshot(text, {sub: arrays}, meta)], SaveOptions(durable), force=force)
     return sub
 

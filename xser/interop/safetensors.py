@@ -32,11 +32,12 @@ from ..model.tables import SEP
 from ..spec import Tagged
 from ..storage.dtypes import find, resolve
 from ..storage.formats.safetensors import SAFETENSORS
-from ..storage.fsutil import open_regular
 from ..storage.hf_layout import hf_files, hf_side_files, hf_tensors
 from ..storage.listing import Best, selector
 from ..storage.payloads import Lazy, Stream
 from ..storage.replace import replaced_output
+from ..storage.source import open_source
+from ..storage.stores import Store
 
 __all__ = ["SafetensorsWeights", "export_safetensors", "import_safetensors", "parse_size"]
 
@@ -104,7 +105,7 @@ def _shards(sizes: list[tuple[str, int]], limit: int | None) -> list[list[str]]:
 @writes_files
 def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path: str = "", checkpoint: int | str | Best = 0,
                        metric: str | None = None, mode: str = "max", max_shard_size: str | int | None = None, force: bool = False,
-                       verify: bool = True) -> ExportReport:
+                       verify: bool = True, storage_options: dict | None = None) -> ExportReport:
     """Write the Hugging Face layout of ``model``'s checkpoint into the directory ``out``.
 
     Keys are the parameters' component paths (``encoder.emb.weight``); with ``path``, only the parameters under that
@@ -112,23 +113,27 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
     ``bert.embeddings...``, the keys ``BertForMaskedLM.from_pretrained`` expects). The resource files of that
     component (``resource.config.json``: an imported HF directory's configuration and tokenizer) are written as files.
     ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``xser.load``. The directory appears whole:
-    it is written beside ``out`` and renamed into place.
+    it is written beside ``out`` and renamed into place. ``out`` may be a URL (``s3://``, ``memory://``, ...;
+    ``storage_options`` go to its filesystem): the files are uploaded, the index last (not atomic as a set there: see
+    docs/interop.md).
     """
     from ..api import retrying
     from ..spec.saved import open_saved
 
+    from . import store_of
+
     model, out = os.fspath(model), os.fspath(out)
     which = selector(checkpoint, metric, mode, model)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    refuse_existing(out, force)
+    store = store_of(out, storage_options, others=(model,))
+    refuse_existing(out, force, store)
 
     def once() -> ExportReport:
         with open_saved(model, which) as saved:
             data = saved.data
             text = data.spec_text()
             if text is None:  # format_version 1: the top-level file is the spec
-                with open(model, encoding="utf-8") as f:
-                    text = f.read()
+                text = store_of(model, storage_options, others=(out,)).read_bytes(model, "the model's spec").decode("utf-8")
             keys, files = _selected(flat_keys(saved.experiment, data.subcollections), data.subcollections, path, data.path)
             _warn_unloadable(saved.experiment, path, keys, out)
             entries = {k: data.subcollections[s][n] for k, (s, n) in keys.items()}
@@ -143,7 +148,7 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
                 if name in names or name == INDEX:
                     raise DataError(f"the resource {name!r} has the name of a file the export writes", Location(data.path))
             total = sum(e.nbytes for e in entries.values())
-            with replaced_output(out) as staging:
+            with replaced_output(out, store=store, last=(INDEX,)) as staging:
                 metadata = {"format": "pt", "xser_spec": text, **({"xser_path": path} if path else {})}
                 with progress(total + sum(data.subcollections[s][n].nbytes for s, n in files.values()), "exporting"):
                     for name, group in zip(names, groups):
@@ -159,7 +164,7 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
                         json.dump(index, f, indent=2)
                         f.write("\n")
             written = names + ([INDEX] if sharded else []) + sorted(files)
-            return ExportReport(out, tuple(os.path.join(out, n) for n in written), len(entries), total)
+            return ExportReport(out, tuple(store.join(out, n) for n in written), len(entries), total)
 
     return retrying(model, once)
 
@@ -238,22 +243,26 @@ def _reader(data: Any, entry: Any, verify: bool) -> Any:
 
 
 def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
-                       format: str = "npy") -> str:
+                       format: str = "npy", storage_options: dict | None = None) -> str:
     """Make an xser model of a safetensors file or HF directory; returns its subcollection name.
 
     Tensors are copied one at a time, in chunks (the source is never loaded whole). ``format``
     is the weight format of the new model (``npy`` or ``safetensors``). A directory's configuration
     and tokenizer files (``*.json`` but the index, ``*.txt``, ``*.model``, ``*.tiktoken``, ``*.jinja``)
-    are kept as resources of the model, and ``export_safetensors`` writes them back.
+    are kept as resources of the model, and ``export_safetensors`` writes them back. ``source`` may be a URL
+    (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem): only the bytes of each tensor are read.
     """
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
+    from . import store_of, where_from
+
     source, out = os.fspath(source), os.fspath(out)
-    files = hf_files(source)
-    found = {k: (v[0], v[4]) for k, v in hf_tensors(files).items()}
+    store = store_of(source, storage_options, others=(out,))
+    files = hf_files(source, store)
+    found = {k: (v[0], v[4]) for k, v in hf_tensors(files, store).items()}
     tables = _tables(found)
     for key, (path, _) in found.items():
         if SEP in key:
@@ -262,11 +271,11 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
             raise DataError(f"tensor name {key!r} cannot be an xser parameter name (it must match {NAME_RE.pattern})", Location(path))
         if key.startswith(RESOURCE):
             raise DataError(f"tensor name {key!r}: names starting with {RESOURCE!r} are the model's resource files", Location(path))
-    side, skipped = hf_side_files(source)
+    side, skipped = hf_side_files(source, store)
     for name in skipped:
-        _log.warning("%s: not a regular file, not imported", os.path.join(source, name))
+        _log.warning("%s: not a regular file, not imported", store.join(source, name))
     for n in [n for n in side if not NAME_RE.fullmatch(RESOURCE + n)]:
-        _log.warning("%s: a file name xser cannot keep (%r must match %s), not imported", os.path.join(source, n), RESOURCE + n,
+        _log.warning("%s: a file name xser cannot keep (%r must match %s), not imported", store.join(source, n), RESOURCE + n,
                      NAME_RE.pattern)
         side.remove(n)
     name = fresh_name(SafetensorsWeights)
@@ -274,11 +283,11 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     args: dict[str, Any] = {"tensors": tensors, **({"files": side} if side else {}), **({"tables": tables} if tables else {}),
                             "xser_subcol_name": name}
     tree = Tagged("!SafetensorsWeights", args)
-    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": os.path.basename(source.rstrip("/")), "experiment": tree})
+    text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": store.basename(source.rstrip("/")), "experiment": tree})
     arrays: dict[str, tuple[Any, bool]] = {
-        k: (_stream(path, k, t) if format == "npy" else _whole(path, k, t), True) for k, (path, t) in found.items()}
-    arrays.update({RESOURCE + n: (_side_file(os.path.join(source, n)), False) for n in side})
-    meta = {"training": {"imported_from": os.path.abspath(source), "files": [os.path.basename(p) for p in files]}}
+        k: (_stream(store, path, k, t) if format == "npy" else _whole(store, path, k, t), True) for k, (path, t) in found.items()}
+    arrays.update({RESOURCE + n: (_side_file(store, store.join(source, n)), False) for n in side})
+    meta = {"training": {"imported_from": where_from(source), "files": [store.basename(p) for p in files]}}
     formats = {f"{name}/{RESOURCE}*": "raw", f"{name}/*": format}
     write_new_model(out, [Snapshot(text, {name: arrays}, meta, formats)], SaveOptions(durable), force=force)
     return name
@@ -314,38 +323,50 @@ def _tables(found: dict[str, tuple[str, tuple]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _side_file(path: str) -> np.ndarray:
+def _side_file(store: Store, path: str) -> np.ndarray:
     """A configuration or tokenizer file's bytes (a regular file, at most a resource's size)."""
     from ..model.resources import MAX_BYTES
 
+    with open_source(store, path, "the configuration or tokenizer file") as f:
+        size = f.size
+        if size > MAX_BYTES:
+            raise DataError(f"{size} bytes, more than the {MAX_BYTES} a resource may have", Location(path))
+        return np.frombuffer(_read_all(f, size, path), np.uint8).copy()
+
+
+def _read_all(f: Any, size: int, path: str) -> bytes:
+    """``size`` bytes from an open file, however many reads it takes; an OS failure is a ``DataError``."""
     try:
-        with open_regular(path, "the configuration or tokenizer file") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_BYTES:
-                raise DataError(f"{size} bytes, more than the {MAX_BYTES} a resource may have", Location(path))
-            return np.frombuffer(f.read(size), np.uint8).copy()
+        parts, got = [], 0
+        while got < size:
+            b = f.read(size - got)
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
     except OSError as e:
         raise DataError(f"cannot read: {e.strerror or e}", Location(path)) from None
 
 
-def _whole(path: str, key: str, t: tuple) -> Lazy:
+def _whole(store: Store, path: str, key: str, t: tuple) -> Lazy:
     """One tensor read when its turn to be written comes (for output formats that take whole arrays)."""
     dtype, shape = t[0], tuple(t[1])
 
     def take(index: tuple | None = None) -> np.ndarray:
-        with open_regular(path, "the safetensors file") as f:
-            a = SAFETENSORS.read(f, path, dtype, shape, os.fstat(f.fileno()).st_size, mmap=False, verify=None, key=key)
+        with open_source(store, path, "the safetensors file") as f:
+            a = SAFETENSORS.read(f, path, dtype, shape, f.size, mmap=False, verify=None, key=key)
         return a if index is None else a[index]
 
     return Lazy(dtype, shape, take)
 
 
-def _stream(path: str, key: str, t: tuple) -> Stream:
+def _stream(store: Store, path: str, key: str, t: tuple) -> Stream:
     dtype, shape = t[0], tuple(t[1])
 
     def chunks():
-        with open_regular(path, "the safetensors file") as f:
-            size = os.fstat(f.fileno()).st_size
+        with open_source(store, path, "the safetensors file") as f:
+            size = f.size
             for piece in SAFETENSORS.chunks(f, path, dtype, shape, size, CHUNK_ELEMENTS, key=key):
                 yield piece.view(np.uint8)
 

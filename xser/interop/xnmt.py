@@ -25,13 +25,18 @@ from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
 from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
+from ..storage.stores import Store
 
 
-def read_dynet_text(path: str) -> list[dict]:
-    """The records of one DyNet text file (see ``parse_dynet_text``)."""
-    from ..storage.fsutil import read_regular
+def read_dynet_text(path: str, *, storage_options: dict | None = None) -> list[dict]:
+    """The records of one DyNet text file (see ``parse_dynet_text``); ``path`` may be a URL."""
+    from . import store_of
 
-    return parse_dynet_text(read_regular(path, "DyNet data file"), path)
+    return _read_dynet_text(store_of(os.fspath(path), storage_options), os.fspath(path))
+
+
+def _read_dynet_text(store: Store, path: str) -> list[dict]:
+    return parse_dynet_text(store.read_bytes(path, "DyNet data file"), path)
 
 __all__ = ["export_xnmt", "import_xnmt", "read_dynet_text", "write_dynet_text"]
 
@@ -39,10 +44,10 @@ GRAD = ".grad"  # the gradient values of a FULL_GRAD record, stored beside the a
 _SENTINEL = 1928437192847  # XNMT's "no default" marker, written into every saved !Ref
 
 
-def _checkpoint_dirs(mod: str) -> list[str]:
-    out = [mod + ".data"] if os.path.isdir(mod + ".data") else []
+def _checkpoint_dirs(store: Store, mod: str) -> list[str]:
+    out = [mod + ".data"] if store.isdir(mod + ".data") else []
     k = 1
-    while os.path.isdir(f"{mod}.data.{k}"):
+    while store.isdir(f"{mod}.data.{k}"):
         out.append(f"{mod}.data.{k}")
         k += 1
     return out
@@ -81,17 +86,20 @@ def _records(sub: str, params: dict, arrays: dict, layout: list | None) -> list[
     return [{"kind": "Parameter", "key": f"/{sub}/{n}", "name": n, "dims": list(a.shape), "array": a} for n, a in arrays.items()]
 
 
-def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True) -> list[str]:
-    """Make an xser model of an XNMT saved model with all its checkpoints; returns the checkpoint dirs read."""
+def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
+                storage_options: dict | None = None) -> list[str]:
+    """Make an xser model of an XNMT saved model with all its checkpoints; returns the checkpoint dirs read.
+    ``mod`` may be a URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    mod, out = os.fspath(mod), os.fspath(out)
-    from ..storage.fsutil import read_regular
+    from . import store_of, where_from
 
+    mod, out = os.fspath(mod), os.fspath(out)
+    store = store_of(mod, storage_options, others=(out,))
     try:
-        text = read_regular(mod, "XNMT model").decode("utf-8")
+        text = store.read_bytes(mod, "XNMT model").decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"cannot read XNMT model: {e}", Location(mod)) from None
     doc = parse(text, mod)
@@ -100,19 +108,19 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         raise DataError("an XNMT saved model is one tagged experiment (e.g. !Experiment)", Location(mod, 1, 1))
     names = [n.args["xnmt_subcol_name"] for n in iter_tagged(tree) if isinstance(n.args.get("xnmt_subcol_name"), str)]
     _to_xser(tree)
-    dirs = _checkpoint_dirs(mod)
+    dirs = _checkpoint_dirs(store, mod)
     if not dirs:
         raise DataError("no .data directory beside the model: there are no weights to import", Location(mod))
-    exp_name = tree.args.get("name") if isinstance(tree.args.get("name"), str) else os.path.basename(mod)
+    exp_name = tree.args.get("name") if isinstance(tree.args.get("name"), str) else store.basename(mod)
     spec_text = spec_header(out) + dump({"xser_format": SPEC_FORMAT, "name": exp_name, "experiment": tree})
     snaps = []
     per_dir = []
     for d in dirs:
-        on_disk = sorted(os.listdir(d))
+        on_disk = sorted(store.listdir(d))
         missing = [n for n in names if n not in on_disk]
         if missing:
             raise DataError(f"subcollections named in the spec have no file: {', '.join(missing)}", Location(d))
-        per_dir.append((d, {sub: read_dynet_text(os.path.join(d, sub)) for sub in on_disk}))
+        per_dir.append((d, {sub: _read_dynet_text(store, store.join(d, sub)) for sub in on_disk}))
     with_records = {sub for _, subs in per_dir for sub, records in subs.items() if records}
     for d, subs in per_dir:
         arrays: dict[str, dict[str, tuple]] = {}
@@ -120,35 +128,40 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
         for sub, records in subs.items():
             if not records and sub in with_records:
                 raise DataError("empty file, but other checkpoints hold this component's parameters: DyNet's populate "
-                                "(and so XNMT) cannot load it", Location(os.path.join(d, sub)))
+                                "(and so XNMT) cannot load it", Location(store.join(d, sub)))
             arrays[sub] = {}
             for i, r in enumerate(records):
                 if r["name"] in arrays[sub]:
-                    raise DataError("two records with the same name", Location(os.path.join(d, sub)))
+                    raise DataError("two records with the same name", Location(store.join(d, sub)))
                 dynet = {"kind": r["kind"], "key": r["key"], "grad": r["grad"], "index": i, "sub": sub}
                 arrays[sub][r["name"]] = (r["array"], True, {"dynet": dynet})
                 if r["grad_array"] is not None:  # FULL_GRAD (or an old file): DyNet wrote the gradient too
                     arrays[sub][r["name"] + GRAD] = (r["grad_array"], False, {"dynet": {"grad_of": r["name"]}})
             layout[sub] = [{k2: r[k2] for k2 in ("kind", "key", "name", "dims", "grad")} for r in records]
-        meta = {"training": {"xnmt": {"imported_from": os.path.abspath(d), "mod_text": text, "records": layout}}}
+        meta = {"training": {"xnmt": {"imported_from": where_from(d), "mod_text": text, "records": layout}}}
         snaps.append(Snapshot(spec_text, arrays, meta))
     write_new_model(out, snaps, SaveOptions(durable), force=force)
     return dirs
 
 
 @writes_files
-def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool = False) -> list[str]:
+def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, storage_options: dict | None = None) -> list[str]:
     """Write ``out`` (XNMT's YAML) and ``out.data[.N]`` (DyNet text) for every checkpoint of ``model``.
 
     The checkpoints come from one consistent listing and are read through their opened
-    directories, so a saver rotating them meanwhile cannot mix them.
+    directories, so a saver rotating them meanwhile cannot mix them. ``out`` may be a URL (``s3://``, ``memory://``,
+    ...; ``storage_options`` go to its filesystem): the files are uploaded, the model file last (not atomic as a set
+    there: see docs/interop.md).
     """
+    from . import store_of
+
     from ..errors import CheckpointError
     from ..spec.saved import with_spec
     from ..storage.listing import scan
 
     model, out = os.fspath(model), os.fspath(out)
-    refuse_existing(out, force)
+    store = store_of(out, storage_options, others=(model,))
+    refuse_existing(out, force, store)
     written = []
     stack = contextlib.ExitStack()
     with stack, scan(model) as s:
@@ -159,7 +172,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
         spec_names = [n.args["xser_subcol_name"] for n in iter_tagged(exp) if isinstance(n.args.get("xser_subcol_name"), str)]
         # every path written beside its name, then put in place when all are written: the data directories, the model file last
         targets = [out + ".data" + ("" if c.index == 0 else f".{c.index}") for c, _ in s.listed]
-        staged = stack.enter_context(replaced_outputs(targets + [out], [True] * len(targets) + [False]))
+        staged = stack.enter_context(replaced_outputs(targets + [out], [True] * len(targets) + [False], store))
         with progress(sum(e.nbytes for _, d in s.listed for ps in d.subcollections.values() for e in ps.values()), "exporting"):
             for (c, data), target, staging in zip(s.listed, targets, staged):
                 xnmt = (data.meta.get("training") or {}).get("xnmt") or {}
@@ -177,7 +190,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
                     body = write_dynet_text(records)
                     with open(os.path.join(staging, sub), "wb") as f:
                         f.write(body)
-                    written.append(os.path.join(target, sub))
+                    written.append(store.join(target, sub))
                     advance(sum(a.nbytes for a in arrays.values()))
         first = newest.meta.get("training", {}).get("xnmt", {})
         text = first.get("mod_text")

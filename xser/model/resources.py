@@ -11,12 +11,13 @@ complete on its own: XNMT's DyNet backend never copied such files, which broke r
 from __future__ import annotations
 
 import os
-import stat
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError, Location, RegistryError
+from ..storage.source import open_source
+from ..storage.stores import is_url, store_for
 from .names import NAME_RE
 from .params import params
 
@@ -55,7 +56,7 @@ class Resources:
             self._sub.add(pname, (data.size,), dtype="uint8", trainable=False, format="raw", init=data)
         finally:
             self._sub._source = keep
-        return os.path.abspath(path)
+        return path if is_url(path) else os.path.abspath(path)
 
     def paths(self) -> dict[str, str]:
         """``{name: path}`` of this component's resources as declared (the arrays hold their bytes)."""
@@ -63,16 +64,26 @@ class Resources:
 
 
 def _read(path: str, what: str) -> np.ndarray:
+    """The file's bytes, through the store its path names (a local file, or a URL: ``s3://``, ``memory://``, ...)."""
+    store = store_for(path)
     try:
-        st = os.stat(path)
-    except OSError as e:
-        raise DataError(f"{what}: cannot read the file: {e.strerror or e}", Location(path)) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{what}: not a regular file", Location(path))
-    if st.st_size > MAX_BYTES:
-        raise DataError(f"{what}: {st.st_size} bytes, more than the {MAX_BYTES} a resource may have", Location(path))
-    with open(path, "rb") as f:
-        return np.frombuffer(f.read(), np.uint8).copy()
+        with open_source(store, path, "the file", missing=f"{what}: cannot read the file: No such file or directory",
+                         special=f"{what}: not a regular file") as f:
+            size = f.size
+            if size > MAX_BYTES:
+                raise DataError(f"{what}: {size} bytes, more than the {MAX_BYTES} a resource may have", Location(path))
+            out = np.empty(size, np.uint8)
+            got = 0
+            while got < size:
+                n = f.readinto(memoryview(out)[got:])
+                if not n:
+                    raise DataError(f"{what}: the file ended after {got} of its {size} bytes (changed while read?)", Location(path))
+                got += n
+            return out
+    except DataError as e:
+        if e.message.startswith(what):
+            raise
+        raise DataError(f"{what}: {e.message}", e.location) from None
 
 
 def resources(owner: Any) -> Resources:

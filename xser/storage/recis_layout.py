@@ -22,8 +22,9 @@ import numpy as np
 from ..errors import DataError, Location
 from .dtypes import DTYPES
 from .formats.safetensors import parse_header, read_at
-from .fsutil import open_regular
 from .jsonlimit import NotJSON, loads_limited
+from .source import open_source
+from .stores import Store, store_for
 
 __all__ = ["INDEX", "RANK_JSON", "TENSORKEY", "RecisBlock", "gen_slice", "read_block", "read_capped", "read_layout", "slice_string",
            "tensors"]
@@ -57,23 +58,21 @@ class RecisBlock:
     offset: int  # absolute, in the file
     tensor: str  # RecIS's internal tensor name: "emb@id", "emb@embedding", or a dense name
     slice: tuple | None  # (begin, end, size) of a hash-table block, None for dense
+    store: Any = attrs.field(default=None, eq=False, repr=False)  # the store holding ``file`` (None: ``store_for(file)``)
 
 
-def read_capped(path: str, cap: int = 64 << 20) -> bytes:
+def read_capped(path: str, cap: int = 64 << 20, store: Store | None = None, missing: str | None = None) -> bytes:
     """A small metadata file, whole; one larger than ``cap`` is refused before anything is allocated, and a FIFO or
-    other special file is refused, not waited for."""
-    with open_regular(path, "the metadata file") as f:
-        size = os.fstat(f.fileno()).st_size
+    other special file is refused, not waited for. ``missing``: the message when the file is not there."""
+    with open_source(store or store_for(path), path, "the metadata file", missing=missing) as f:
+        size = f.size
         if size > cap:
             raise DataError(f"file of {size} bytes: larger than {cap} bytes, the limit for this metadata", Location(path))
         return f.read(size)
 
 
-def _json(path: str, what: str) -> Any:
-    try:
-        raw = read_capped(path)
-    except FileNotFoundError:
-        raise DataError(f"{what} is missing: not a RecIS checkpoint directory", Location(path)) from None
+def _json(path: str, what: str, store: Store) -> Any:
+    raw = read_capped(path, store=store, missing=f"{what} is missing: not a RecIS checkpoint directory")
     try:
         return loads_limited(raw, path, what)
     except NotJSON:
@@ -83,31 +82,31 @@ def _json(path: str, what: str) -> Any:
         raise
 
 
-def read_layout(directory: str) -> list[RecisBlock]:
-    """Every block of a RecIS v2 checkpoint directory, checked (files inside the directory, headers, names)."""
-    index = _json(os.path.join(directory, INDEX), "index")
+def read_layout(directory: str, store: Store | None = None) -> list[RecisBlock]:
+    """Every block of a RecIS v2 checkpoint directory (on ``store``, by default the one its path names), checked (files
+    inside the directory, headers, names)."""
+    st = store or store_for(directory)
+    index_path, tensorkey_path = st.join(directory, INDEX), st.join(directory, TENSORKEY)
+    index = _json(index_path, "index", st)
     if not isinstance(index, dict) or not isinstance(index.get("block_index"), dict) or not isinstance(index.get("file_index"), dict):
-        raise DataError('index must be {"block_index": {...}, "file_index": {...}}', Location(os.path.join(directory, INDEX)))
-    names = _json(os.path.join(directory, TENSORKEY), "tensorkey.json")
+        raise DataError('index must be {"block_index": {...}, "file_index": {...}}', Location(index_path))
+    names = _json(tensorkey_path, "tensorkey.json", st)
     if not isinstance(names, dict):
-        raise DataError("tensorkey.json must map block names to tensor names", Location(os.path.join(directory, TENSORKEY)))
+        raise DataError("tensorkey.json must map block names to tensor names", Location(tensorkey_path))
     files: dict[int, str] = {}
     for name, idx in index["file_index"].items():
         if not isinstance(name, str) or os.path.basename(name) != name or name in (".", "..") or type(idx) is not int:
-            raise DataError(f"index names file {name!r} (index {idx!r}) outside the directory", Location(os.path.join(directory, INDEX)))
-        files[idx] = os.path.join(directory, name)
+            raise DataError(f"index names file {name!r} (index {idx!r}) outside the directory", Location(index_path))
+        files[idx] = st.join(directory, name)
     headers: dict[str, tuple[dict, int]] = {}
     out = []
     for key, idx in index["block_index"].items():
         file = files.get(idx) if type(idx) is int else None
         if file is None:
-            raise DataError(f"block {key!r} names file index {idx!r}, which the index does not list", Location(os.path.join(directory, INDEX)))
+            raise DataError(f"block {key!r} names file index {idx!r}, which the index does not list", Location(index_path))
         if file not in headers:
-            try:
-                with open_regular(file, "the RecIS data file") as f:
-                    headers[file] = parse_header(f, file, aliases={"bool": "BOOL"})
-            except FileNotFoundError:
-                raise DataError("a file the index names is missing", Location(file)) from None
+            with open_source(st, file, "the RecIS data file", missing="a file the index names is missing") as f:
+                headers[file] = parse_header(f, file, aliases={"bool": "BOOL"})
         head, start = headers[file]
         t = head.get(key)
         if t is None or key == "__metadata__":
@@ -118,14 +117,14 @@ def read_layout(directory: str) -> list[RecisBlock]:
             m = _INTERNAL.fullmatch(str(names.get(key, "")))
             if m is None:
                 raise DataError(f"block {key!r} has no internal name in tensorkey.json (got {names.get(key)!r})",
-                                Location(os.path.join(directory, TENSORKEY)))
+                                Location(tensorkey_path))
             tensor, sl = f"{m.group(1)}@{m.group(2)}", (int(m.group(3)), int(m.group(4)), int(m.group(5)))
-        out.append(RecisBlock(key, file, t[0], tuple(t[1]), start + t[2], tensor, sl))
+        out.append(RecisBlock(key, file, t[0], tuple(t[1]), start + t[2], tensor, sl, st))
     return out
 
 
 def read_block(b: RecisBlock, rows: tuple[int, int] | None = None) -> np.ndarray:
-    return read_at(b.file, b.offset, b.dtype, b.shape, rows)
+    return read_at(b.file, b.offset, b.dtype, b.shape, rows, store=b.store)
 
 
 def tensors(blocks: list[RecisBlock]) -> dict[str, list[RecisBlock]]:

@@ -11,6 +11,14 @@ and the old output whole at that name. The next export to the same name removes 
 An export of several paths (DiSMEC++'s weight files and metadata, XNMT's model file and data directories)
 replaces them one at a time, the file that names the others last: each path is whole at every kill point,
 but a kill between two of them leaves some old and some new.
+
+On an object store (a URL destination: ``s3://``, ``gs://``, ``memory://``, ...) there is no rename to put a
+directory in place with. The exporter still writes its files into a local temporary directory (``TMPDIR``; as
+much space as the export's size), then each file is uploaded to its name (``Store.put_file``: one object each,
+whole or not there, a large one in parallel parts), the files that name the others last; then the objects of an
+old output that the new one does not have are deleted. A kill during the uploads leaves the destination with some
+new objects and the old ones not yet overwritten: each object is whole, but the output as a set is not (a
+multi-file export is not atomic there). Export again with ``force`` to finish it. See docs/interop.md.
 """
 
 from __future__ import annotations
@@ -19,13 +27,15 @@ import contextlib
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from . import commit
 from .fsutil import makedirs_durable
 from .layout import OLD_MARK, TMP_MARK, temp_name
 
-__all__ = ["output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
+__all__ = ["output_exists", "output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
 
 _PID = re.compile(r"([0-9]+)-[0-9a-f]+")
 
@@ -96,11 +106,34 @@ def put_in_place(staged: str, out: str) -> None:
     _remove(old)
 
 
+def _store(path: str, store: Any) -> Any:
+    from .stores import store_for
+
+    return store if store is not None else store_for(path)
+
+
+def output_exists(path: str, store: Any = None) -> bool:
+    """Something is at the output path ``path``: a file, a directory or a dangling link on this machine; an object,
+    or objects under it as a prefix, on an object store."""
+    st = _store(path, store)
+    if st.local_path(path) == path:
+        return os.path.lexists(path)
+    return st.exists(path) or st.isdir(path)
+
+
 @contextlib.contextmanager
-def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool]) -> Iterator[list[str]]:
-    """Temporary names for the output paths ``outs`` (an empty directory made for each ``dirs`` entry that is true;
-    files are for the caller to create); when the block ends without an error they are put in place in order,
-    else removed. Leftovers of killed exports to these names are removed first."""
+def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool], store: Any = None, *, last: Sequence[str] = ()) -> Iterator[list[str]]:
+    """Temporary local names for the output paths ``outs`` (an empty directory made for each ``dirs`` entry that is
+    true; files are for the caller to create); when the block ends without an error they are put in place in order,
+    else removed. Leftovers of killed exports to these names are removed first.
+
+    ``store`` holds the outputs (by default the one their paths name). On an object store they are uploaded instead
+    (``_upload``), the files of a directory named in ``last`` after its others."""
+    st = _store(outs[0], store) if outs else None
+    if st is not None and any(st.local_path(out) != out for out in outs):
+        with _uploaded_outputs(st, outs, dirs, last) as staged:
+            yield staged
+        return
     outs = [os.path.normpath(out) for out in outs]  # "dir/" is "dir": its temporaries go beside it, not into it
     for out in outs:
         remove_output_leftovers(out)
@@ -123,7 +156,58 @@ def replaced_outputs(outs: Sequence[str], dirs: Sequence[bool]) -> Iterator[list
 
 
 @contextlib.contextmanager
-def replaced_output(out: str, *, directory: bool = True) -> Iterator[str]:
+def replaced_output(out: str, *, directory: bool = True, store: Any = None, last: Sequence[str] = ()) -> Iterator[str]:
     """``replaced_outputs`` for one path."""
-    with replaced_outputs([out], [directory]) as staged:
+    with replaced_outputs([out], [directory], store, last=last) as staged:
         yield staged[0]
+
+
+@contextlib.contextmanager
+def _uploaded_outputs(store: Any, outs: Sequence[str], dirs: Sequence[bool], last: Sequence[str]) -> Iterator[list[str]]:
+    """``replaced_outputs`` on an object store: the caller writes into a local temporary directory; when the block
+    ends without an error each output is uploaded (``_upload``) in order, and the temporary directory is removed
+    either way. Nothing is uploaded when the block fails."""
+    tmp = tempfile.mkdtemp(prefix="xser-export-")
+    try:
+        staged = []
+        for i, is_dir in enumerate(dirs):
+            staged.append(os.path.join(tmp, str(i)))
+            if is_dir:
+                os.mkdir(staged[-1])
+        yield list(staged)
+        for s, out in zip(staged, outs):
+            if os.path.lexists(s):
+                _upload(store, s, out, last)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _upload(store: Any, staged: str, out: str, last: Sequence[str]) -> None:
+    """Put the local file or directory ``staged`` at ``out`` on ``store``: every new file first (a directory's files
+    in name order, those named in ``last`` after the others), then the objects of the old output at ``out`` that the
+    new one does not have are deleted."""
+    old = set(store.list(out)) if output_exists(out, store) else set()
+    new: set[str] = set()
+    if os.path.isdir(staged):
+        files = []
+        for root, ds, names in os.walk(staged):
+            ds.sort()
+            for name in names:
+                rel = os.path.relpath(os.path.join(root, name), staged)
+                files.append(rel.split(os.sep))
+        files.sort(key=lambda parts: (parts[-1] in last, parts))
+        for parts in files:
+            dest = store.join(out, *parts)
+            store.put_file(os.path.join(staged, *parts), dest)
+            new.add(dest)
+    else:
+        store.put_file(staged, out)
+        new.add(out)
+    gone = sorted(old - {_listed(store, p) for p in new})
+    if gone:
+        store.delete(gone)
+
+
+def _listed(store: Any, path: str) -> str:
+    """``path`` as ``store.list`` names it (the same for every store that lists whole paths)."""
+    return path

@@ -12,6 +12,7 @@ rows. The manifest records each parameter's ``key`` in the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ from ...errors import DataError, Location, shape_str
 from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
 from ..dtypes import DTYPES, dtype_problem, find, from_safetensors, storage_of
-from ..fsutil import file_size, mappable, open_regular
+from ..fsutil import file_size, mappable
 from ..jsonlimit import loads_limited
 from .npy import _read_exactly, byte_view, map_fd
 
@@ -116,13 +117,17 @@ def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict
     return out, start
 
 
-def read_at(path: str, offset: int, dtype: np.dtype, shape: tuple, rows: tuple[int, int] | None = None, name: str = "") -> np.ndarray:
-    """A tensor whose bytes start at ``offset`` of the file ``path`` (or only rows ``first:stop`` of it), in memory."""
+def read_at(path: str, offset: int, dtype: np.dtype, shape: tuple, rows: tuple[int, int] | None = None, name: str = "",
+            store: Any = None) -> np.ndarray:
+    """A tensor whose bytes start at ``offset`` of the file ``path`` (or only rows ``first:stop`` of it), in memory;
+    ``store`` holds the file (``store_for(path)`` when None): on a remote one only those bytes are fetched."""
+    from ..stores import store_for
+
     if rows is not None:
         offset += rows[0] * math.prod(shape[1:]) * dtype.itemsize
         shape = (rows[1] - rows[0],) + tuple(shape[1:])
     out = np.empty(shape, dtype)
-    with open_regular(path, "the data file") as f:
+    with contextlib.closing((store or store_for(path)).open_read(path, "the data file")) as f:
         f.seek(offset)
         _read_exactly(f, byte_view(out) if out.size else np.empty(0, np.uint8), path)
     return out
