@@ -9,6 +9,7 @@ subcommand's usage line, exit 2, before anything is read or written. What depend
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -156,3 +157,42 @@ def _dismec_usage(args: argparse.Namespace) -> str | None:
     if args.culling and args.format is not None and args.format != "SparseTXT":
         return f"--culling applies to SparseTXT only, not {args.format}"
     return None
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    """--storage-option KEY=VALUE: the value as JSON when it parses as JSON (``true``, ``5``, ``{"a": 1}``), else the
+    string as given (``http://localhost:5000``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or key != key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. anon=true, endpoint_url=http://localhost:5000), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+class _StorageOptions(argparse.Action):
+    """Collects repeated --storage-option KEY=VALUE into one dict; a key given twice is a usage error."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        found = dict(getattr(namespace, self.dest, None) or {})
+        key, value = values
+        if key in found:
+            parser.error(f"--storage-option {key} is given twice")
+        found[key] = value
+        setattr(namespace, self.dest, found)
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    """--storage-option KEY=VALUE (repeatable) on a subcommand: ``args.storage_options`` is a dict, or None when none
+    is given (options of the fsspec filesystem of the command's URLs: s3://, gs://, hdfs://, ...)."""
+    p.add_argument("--storage-option", dest="storage_options", type=_storage_option, action=_StorageOptions, default=None,
+                   metavar="KEY=VALUE",
+                   help="an option of the filesystem of the URLs given (s3://, gs://, hdfs://, ...), e.g. "
+                   "endpoint_url=http://localhost:5000 or anon=true; VALUE is read as JSON when it is JSON, else as text; repeatable")
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The --storage-option pairs of a parsed command line (None when none was given)."""
+    return getattr(args, "storage_options", None) or None

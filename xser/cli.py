@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 
 from ._version import __version__
-from ._cli_options import (_avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive, _precision, _size,
-                           _weight_list, _which)
+from ._cli_options import (_add_storage_options, _avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive,
+                           _precision, _size, _storage_options, _weight_list, _which)
 from .errors import XserError
 
 __all__ = ["main"]
@@ -119,41 +119,44 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    so = _storage_options(args)
     if args.system == "dismec":
         from .interop.dismec import import_dismec
 
-        name = import_dismec(args.source, args.out, force=args.force, partial=args.partial)
+        name = import_dismec(args.source, args.out, force=args.force, partial=args.partial, storage_options=so)
         print(f"imported {args.source} as {args.out} (parameter {name}/weights)")
     elif args.system == "angel":
         from .interop.angel import import_angel
 
-        name = import_angel(args.source, args.out, force=args.force, sep=args.sep)
+        name = import_angel(args.source, args.out, force=args.force, sep=args.sep, storage_options=so)
         print(f"imported {args.source} as {args.out} (parameter {name}/values)")
     elif args.system == "recis":
         from .interop.recis import import_recis
 
-        name = import_recis(args.source, args.out, force=args.force)
+        name = import_recis(args.source, args.out, force=args.force, storage_options=so)
         print(f"imported {args.source} as {args.out} (subcollection {name})")
     elif args.system == "safetensors":
         from .interop.safetensors import import_safetensors
 
-        name = import_safetensors(args.source, args.out, force=args.force, format=args.format)
+        name = import_safetensors(args.source, args.out, force=args.force, format=args.format, storage_options=so)
         print(f"imported {args.source} as {args.out} (subcollection {name})")
     else:
         from .interop.xnmt import import_xnmt
 
-        dirs = import_xnmt(args.source, args.out, force=args.force)
-        print(f"imported {args.source} as {args.out} with {len(dirs)} checkpoints ({', '.join(os.path.basename(d) for d in dirs)})")
+        dirs = import_xnmt(args.source, args.out, force=args.force, storage_options=so)
+        print(f"imported {args.source} as {args.out} with {len(dirs)} checkpoints ({', '.join(d.rstrip('/').rsplit('/', 1)[-1] for d in dirs)})")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    so = _storage_options(args)
     if args.system == "dismec":
         from .interop.dismec import export_dismec
 
         written = export_dismec(
             args.model, args.param, args.out, format=args.format, precision=args.precision, culling=args.culling,
             split_files=args.split_files, checkpoint=args.checkpoint, layout=args.layout, ranges=args.ranges, force=args.force,
+            storage_options=so,
         )
     elif args.system == "angel":
         from .interop.angel import export_angel
@@ -161,24 +164,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         written = export_angel(
             args.model, args.param, args.out, format=args.format, matrix_name=args.name, block_rows=args.block_rows,
             sep=args.sep, checkpoint=args.checkpoint, per_file=args.per_file, row_type=args.row_type, force=args.force,
+            storage_options=so,
         )
     elif args.system == "recis":
         from .interop.recis import export_recis
 
         written = export_recis(args.model, args.out, checkpoint=args.checkpoint, shards=args.shards, parallel=args.parallel,
-                               force=args.force)
+                               force=args.force, storage_options=so)
     elif args.system == "safetensors":
         from .interop.safetensors import export_safetensors
 
         report = export_safetensors(
             args.model, args.out, path=args.path, checkpoint=args.checkpoint, max_shard_size=args.max_shard_size, force=args.force,
-            verify=not args.no_verify,
+            verify=not args.no_verify, storage_options=so,
         )
         written = list(report.files)
     else:
         from .interop.xnmt import export_xnmt
 
-        written = export_xnmt(args.model, args.out, force=args.force)
+        written = export_xnmt(args.model, args.out, force=args.force, storage_options=so)
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -269,6 +273,7 @@ def _import_args(p: argparse.ArgumentParser) -> None:
         if name == "angel":
             q.add_argument("--sep", help="separator of the text formats, a regular expression as Angel's reader takes it "
                            "(text.format.filed.sep; default: found in the files)")
+        _add_storage_options(q)
         if name == "dismec":
             q.add_argument("--partial", action="store_true", help="import the label ranges present when some are missing (a checkpoint of an unfinished run)")
 
@@ -328,6 +333,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     q.add_argument("--checkpoint", type=_which, default=0, metavar="K|last|best:METRIC[:min]", help="export checkpoint K (0 = newest); last; or the best by a recorded metric")
     q.add_argument("--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--no-verify", action="store_true", help="skip checking the checkpoint's checksums")
+    for q in systems.choices.values():
+        _add_storage_options(q)
 
 
 COMMANDS["demo"] = ("train, save, load and evaluate the bundled example experiment", _demo_args, cmd_demo)
