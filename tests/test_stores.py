@@ -609,3 +609,58 @@ def test_remote_objects_on_s3_and_memory(remote_root):
     store.put(remote_root.url("m.yaml"), b"spec")
     assert store.list(remote_root.url()) == {remote_root.url("m.yaml"): 4}
     assert store.scheme == remote_root.kind
+
+
+# -- large objects on S3: parallel parts, streamed multipart writes
+
+
+def test_s3_multipart_put_file_and_streamed_write(s3_url, monkeypatch, tmp_path):
+    """Objects larger than a part go up in parts (put_file: PART_SIZE parts, in parallel; open_write: one
+    block at a time), and a streamed write that fails leaves no object and no pending upload."""
+    remote = _remote()
+    prefix, options = s3_url
+    monkeypatch.setattr(remote, "PART_SIZE", 5 * 2**20)  # S3's smallest part
+    store = store_for(prefix, dict(options, default_block_size=5 * 2**20))
+    data = os.urandom(11 * 2**20)
+    local = tmp_path / "big.npy"
+    local.write_bytes(data)
+    calls = []
+    real = store.fs._call_s3
+
+    async def call_s3(method, *args, **kwargs):
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+
+    def sync_call_s3(method, *args, **kwargs):  # what s3fs's file objects call
+        calls.append(method)
+        return real_sync(method, *args, **kwargs)
+
+    real_sync = store.fs.call_s3
+    monkeypatch.setattr(store.fs, "_call_s3", call_s3)
+    monkeypatch.setattr(store.fs, "call_s3", sync_call_s3)
+    store.put_file(str(local), prefix + "/big.npy")
+    assert store.read_bytes(prefix + "/big.npy", "array") == data
+    with store.open_write(prefix + "/streamed.npy") as f:
+        for i in range(0, len(data), 2**20):
+            f.write(data[i : i + 2**20])
+    assert store.read_bytes(prefix + "/streamed.npy", "array") == data
+    with pytest.raises(RuntimeError):
+        with store.open_write(prefix + "/failed.npy") as f:
+            f.write(data)  # more than a block: a multipart upload is under way
+            raise RuntimeError("boom")
+    assert not store.exists(prefix + "/failed.npy")
+    assert calls.count("upload_part") == 3 + 3 + 1  # 11 MiB in 5 MiB parts, twice; the failed one sent one
+    assert calls.count("complete_multipart_upload") == 2 and calls.count("abort_multipart_upload") == 1
+    listed = real_sync("list_multipart_uploads", Bucket=prefix[len("s3://") :])
+    assert listed.get("Uploads", []) == []
+
+
+def test_unclosed_writer_publishes_nothing(remote_root):
+    import gc
+
+    store = store_for(remote_root.url(), remote_root.options)
+    f = store.open_write(remote_root.url("dropped"))
+    f.write(b"never closed")
+    del f
+    gc.collect()
+    assert not store.exists(remote_root.url("dropped"))
