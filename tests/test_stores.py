@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -228,7 +229,7 @@ def test_file_url_writes_to_that_path(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["local", "file", "memory", "s3"])
-def test_create_only_race(kind, request, tmp_path):
+def test_create_only_race(kind, request, tmp_path, monkeypatch):
     if kind == "local":
         store, key = LOCAL, str(tmp_path / "record")
     elif kind == "file":
@@ -238,6 +239,14 @@ def test_create_only_race(kind, request, tmp_path):
     elif kind == "memory":
         key = request.getfixturevalue("memory_url") + "/record"
         store = store_for(key)
+        real_exists = store.fs.exists
+
+        def slow_exists(path, **kwargs):  # widens the window between a check and a write
+            out = real_exists(path, **kwargs)
+            time.sleep(0.01)
+            return out
+
+        monkeypatch.setattr(store.fs, "exists", slow_exists)
     else:
         prefix, options = request.getfixturevalue("s3_url")
         key = prefix + "/record"
