@@ -51,7 +51,8 @@ def retrying(path: str, fn: Callable[[], T]) -> T:
     )
 
 
-def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) -> ExperimentSet:
+def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None,
+                storage_options: Mapping[str, Any] | None = None) -> ExperimentSet:
     """The experiments of a config file, ``{name: spec}`` in file order (unbuilt).
 
     A saved model's file gives its one experiment, with the spec its newest checkpoint was saved with, or the
@@ -59,9 +60,13 @@ def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None) 
     ``overrides`` (``["small.model.hidden.out_dim=64", "+small.tag=x", "~small.dropout"]``, as Hydra users
     write them; ``xser.split_overrides(sys.argv[1:])`` takes them off a script's command line) change
     the experiments before they are built; their values are YAML, checked like values from the file,
-    and errors name the override.
+    and errors name the override. ``storage_options``: for a config or model on an object store (a URL).
     """
-    path = os.fspath(path)
+    with options(storage_options):
+        return _load_config(os.fspath(path), overrides)
+
+
+def _load_config(path: str, overrides: list[str] | None) -> ExperimentSet:
     refuse_slot(path)
     doc = read(path)
     if is_saved(doc):
@@ -97,14 +102,16 @@ class ExperimentSet(dict):
                         f"{did_you_mean(str(key), [str(k) for k in self])}", Location(self.path))
 
 
-def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = None, seed: Any = None) -> Any:
+def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = None, seed: Any = None,
+          storage_options: Mapping[str, Any] | None = None) -> Any:
     """Build the object graph of one experiment (parameters are numpy arrays).
 
     Components loaded with ``!LoadSerialized`` come from one whole checkpoint each; if one is
-    pruned while it is read, the build starts over.
+    pruned while it is read, the build starts over. ``storage_options``: for models it loads from an object store.
     """
     where = getattr(spec, "file", None) or "<spec>"
-    return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
+    with options(storage_options):
+        return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
 
 
 def save(

@@ -23,6 +23,7 @@ from .refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from .registry import info_for, lookup
 from ..spec import Doc, Tagged, format_path, iter_tagged, rewrite_children
 from ..spec.saved import absolute_paths, open_saved
+from ..storage.stores import beside, is_url, parent_of
 from ..storage.opened import OpenedDir
 from ..storage.progress import progress
 from .placeholders import substitute
@@ -125,10 +126,8 @@ class Builder:
         fname = args.get("filename")
         if not isinstance(fname, str) or not fname:
             raise SpecError("!LoadSerialized needs filename: the saved model's .yaml file", loc)
-        if not os.path.isabs(fname):
-            base = os.path.dirname(os.path.abspath(self.spec.file)) if self.spec.file else os.getcwd()
-            fname = os.path.join(base, fname)
-        key = os.path.realpath(fname)
+        fname = beside(self.spec.file or os.path.join(os.getcwd(), "-"), fname)  # relative to the config (a URL too)
+        key = fname if is_url(fname) else os.path.realpath(fname)
         if key not in self.saved:
             try:
                 saved = open_saved(fname)
@@ -198,7 +197,7 @@ class Builder:
         if self.spec.data is None:
             values = {
                 "EXP": self.spec.name if self.spec.name is not None else "",
-                "EXP_DIR": os.path.dirname(os.path.abspath(self.spec.file)) if self.spec.file else os.getcwd(),
+                "EXP_DIR": parent_of(self.spec.file) if self.spec.file else os.getcwd(),
                 "PID": str(os.getpid()),
             }
             values.update(placeholders or {})

@@ -25,7 +25,7 @@ import attrs
 from ..errors import DataError, Location, SpecError
 from ..storage.checksums import digest_bytes
 from ..storage.listing import open_checkpoint, scan
-from ..storage.stores import is_url, store_for
+from ..storage.stores import beside, is_url, parent_of, store_for
 from ..storage.manifest import SPEC_FILE
 from ..storage.opened import OpenedDir
 from .dumping import dump
@@ -73,8 +73,9 @@ def relative_paths(tree: Any, path: str) -> Any:
 
 def absolute_paths(tree: Any, path: str, doc: Doc | None = None) -> Any:
     """``tree`` with each ``!ModelPath {path: rel}`` replaced, in place, by the absolute path under the directory
-    of ``path`` (where the model is now). The relative path must stay inside that directory."""
-    base = os.path.dirname(os.path.abspath(path))
+    of ``path`` (where the model is now; on an object store, the URL of that folder). The relative path must stay
+    inside that directory."""
+    base = parent_of(path)
 
     def resolve(v: Any) -> Any:
         if isinstance(v, Tagged) and v.tag == MODEL_PATH:
@@ -82,7 +83,7 @@ def absolute_paths(tree: Any, path: str, doc: Doc | None = None) -> Any:
             where = doc.where(v) if doc is not None else Location(path)
             if set(v.args) != {"path"} or not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
                 raise SpecError(f"{MODEL_PATH} takes one relative 'path' inside the model's directory, got {v.args!r}", where)
-            return base if rel == "." else os.path.join(base, *rel.split("/"))
+            return base if rel == "." else beside(path, rel) if is_url(path) else os.path.join(base, *rel.split("/"))
         if isinstance(v, (Tagged, dict, list)):
             rewrite_children(v, lambda _k, x: resolve(x))
         return v

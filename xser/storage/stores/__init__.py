@@ -20,7 +20,7 @@ from typing import Any
 from .base import ReadFile, Store
 from .local import LOCAL, LocalStore
 
-__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "is_url", "options", "store_for", "split_url"]
+__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "beside", "is_url", "options", "parent_of", "store_for", "split_url"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -28,6 +28,25 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 def is_url(path: Any) -> bool:
     """True for ``scheme://...`` (``s3://b/k``, ``memory://x``, ``file:///tmp/x``); False for local paths."""
     return isinstance(path, str) and _URL.match(path) is not None
+
+
+def parent_of(path: str) -> str:
+    """The folder that holds ``path``: ``s3://b/run`` for ``s3://b/run/m.yaml``; an absolute local directory otherwise."""
+    if is_url(path):
+        head, _, _ = path.rstrip("/").rpartition("/")
+        return head + "/" if head.endswith(":/") else head  # the root of a bucket-less store: "memory://"
+    return os.path.dirname(os.path.abspath(path))
+
+
+def beside(path: str, rel: str) -> str:
+    """``rel`` (a relative name, ``/``-separated) in the folder of ``path``; a URL or absolute ``rel`` as it is."""
+    if is_url(rel) or os.path.isabs(rel):
+        return rel
+    if is_url(path):
+        base = parent_of(path)
+        parts = "/".join(p for p in rel.split("/") if p not in ("", "."))
+        return base + parts if base.endswith("/") else f"{base}/{parts}"
+    return os.path.join(parent_of(path), rel)
 
 
 def split_url(path: str) -> tuple[str, str]:
