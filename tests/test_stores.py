@@ -673,3 +673,37 @@ def test_unclosed_writer_publishes_nothing(remote_root):
     del f
     gc.collect()
     assert not store.exists(remote_root.url("dropped"))
+
+
+def test_create_only_retry_after_a_lost_reply(memory_url, monkeypatch):
+    """A conditional PUT that reached the store but whose reply was lost is retried, finds the object, and
+    succeeds when the object holds its own bytes; another writer's bytes are still ``AlreadyExists``."""
+    remote = _remote()
+    monkeypatch.setattr(remote, "BACKOFF", 0.0)
+    fs = FakeFS()
+    store = remote.FsspecStore(fs, "s3")  # an S3-like store over memory: pipe_file(mode="create") is native
+    real = fs._fs.pipe_file
+
+    def lost_reply(path, data, **kwargs):
+        real(path, data, **kwargs)
+        raise _reset()
+
+    fs.fail["pipe_file"] = []
+    monkeypatch.setattr(fs._fs, "pipe_file", lost_reply)
+    store.put(memory_url + "/record", b"mine", create_only=True)
+    assert store.read_bytes(memory_url + "/record", "record") == b"mine"
+    monkeypatch.setattr(fs._fs, "pipe_file", real)
+    with pytest.raises(AlreadyExists):
+        store.put(memory_url + "/record", b"mine", create_only=True)  # first try: another writer's, whatever it holds
+    real(fs._fs._strip_protocol(memory_url + "/other"), b"theirs")
+    failed = []
+
+    def reset_once(path, data, **kwargs):  # the first try fails before reaching the store
+        if not failed:
+            failed.append(path)
+            raise _reset()
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(fs._fs, "pipe_file", reset_once)
+    with pytest.raises(AlreadyExists):  # retried, finds another writer's bytes
+        store.put(memory_url + "/other", b"mine", create_only=True)

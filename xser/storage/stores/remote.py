@@ -1,33 +1,17 @@
 """``FsspecStore``: the byte store of URLs (``s3://``, ``gs://``, ``hdfs://``, ``memory://``, ``file://``, ...).
 
 fsspec and its backends are imported here only, inside functions, on the first URL (``import xser``
-never imports them). Paths go in and come out as whole URLs, spelled as the caller spelled them:
-``list('s3://b/run')`` returns ``{'s3://b/run/x': size}``.
+never imports them). URLs go in and come out whole, as the caller spelled them. docs/design.md
+("Byte stores") says what each verb does on which store; in short:
 
-**One funnel.** Every request to the filesystem passes through ``FsspecStore._call(op, url, fn, ...)``,
-once per attempt. It
-
-- calls the class-level hook ``FsspecStore.on_request(op, url)`` first, when set (the kill tests count
-  requests with it and kill the saving process at the n-th);
-- retries transient failures (connection resets, timeouts, HTTP 5xx, S3 ``SlowDown``/throttling) up to
-  ``RETRIES`` attempts in all, sleeping ``BACKOFF * 2**(attempt-1)`` seconds times a random factor in
-  [0.5, 1.5) between them (on top of the retries the filesystem itself makes, e.g. s3fs's);
-- turns every other failure into a ``StorageError`` naming the operation and the URL, with its own
-  message for a missing bucket, denied access and missing credentials. ``FileNotFoundError`` for a
-  missing object passes through unchanged: readers turn it into ``DataError("<what> not found")``,
-  ``delete`` ignores it.
-
-**Conditional writes.** ``put(..., create_only=True)`` is atomic (``conditional = True``) on S3
-(``If-None-Match: *`` through s3fs ``pipe_file(mode="create")``), on ``memory://`` (check and write
-under one process-wide lock) and on ``file://`` (a hard link of a temporary file, as ``LocalStore``),
-and on GCS when gcsfs's ``pipe_file`` takes ``mode`` (generation precondition 0). Elsewhere it is a
-check then a write: two writers racing between them can both succeed, the last one's bytes win.
-
-**Reads.** ``open_read`` gives a ``RemoteFile`` (``remote_files.py``): every read is one ranged GET.
-**Writes.** ``put_file`` uploads in parallel parts of ``PART_SIZE`` bytes, ``PART_CONCURRENCY`` at a
-time on S3: the memory budget of one upload is ``PART_SIZE * PART_CONCURRENCY`` (128 MiB). ``open_write``
-streams: s3fs buffers one block (50 MiB by default, ``block_size`` of its storage options) and uploads
-it as a multipart part; the object appears only when the writer is closed without an error.
+- **One funnel**: every request to the filesystem passes through ``FsspecStore._call``, once per
+  attempt: it calls the hook ``FsspecStore.on_request(op, url)``, retries transient failures
+  (``RETRIES`` attempts, backoff from ``BACKOFF`` with jitter) and turns the rest into ``StorageError``
+  (``remote_errors.py``). ``FileNotFoundError`` (a missing object) passes through for the verbs.
+- **Conditional writes**: ``put(create_only=True)`` is atomic on S3 (``If-None-Match``), memory://
+  (a lock), file:// (a link) and GCS where gcsfs supports it; a check then a write elsewhere.
+- **Reads** are ranged GETs of exactly the bytes asked (``remote_files.RemoteFile``); ``put_file``
+  holds at most ``PART_SIZE * PART_CONCURRENCY`` bytes; ``open_write`` publishes on a clean close only.
 """
 
 from __future__ import annotations
@@ -346,7 +330,7 @@ class FsspecStore:
             if self._memory:
                 self._call("write", path, self._put_memory, p, bytes(data), create_only)
             elif create_only and self._native_create:
-                self._call("write", path, self.fs.pipe_file, p, data, mode="create")
+                self._create(path, p, data)
             else:
                 if create_only and self.exists(path):  # check then write: not atomic (conditional is False)
                     raise FileExistsError(path)
@@ -355,6 +339,20 @@ class FsspecStore:
             raise AlreadyExists("the object exists already (another writer was first)", Location(path)) from None
         except FileNotFoundError as e:
             raise StorageError(f"cannot write: {reason(e)}", Location(path)) from None
+
+    def _create(self, url: str, p: str, data: bytes) -> None:
+        """A conditional create. A retry after a lost reply finds the object: ours if its bytes are ours."""
+        tries = []
+
+        def create() -> None:
+            tries.append(1)
+            self.fs.pipe_file(p, data, mode="create")
+
+        try:
+            self._call("write", url, create)
+        except FileExistsError:
+            if len(tries) < 2 or self._call("read", url, self.fs.cat_file, p) != bytes(data):
+                raise
 
     def _put_memory(self, p: str, data: bytes, create_only: bool) -> None:
         with _MEMORY_LOCK:
