@@ -113,7 +113,7 @@ def test_checkpoint_records_and_save_reports_are_typed(checked):
         'Revealed type is "int | None"',
         'Revealed type is "tuple[str, ...]"',
         'Revealed type is "tuple[int | None, ...]"',
-        'Revealed type is "tuple[xser.storage.listing.Checkpoint, ...]"',
+        'Revealed type is "tuple[xser.storage.scanned.Checkpoint, ...]"',
     ], checked[CK]
     assert errors == ['Incompatible types in assignment (expression has type "float", variable has type "str")  [assignment]'], checked[CK]
 
