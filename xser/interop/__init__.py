@@ -64,14 +64,18 @@ def refuse_existing(path: str, force: bool, store: Any = None) -> None:
         raise CheckpointError("the output exists; remove it or pass --force to replace it", Location(path))
 
 
-def store_of(path: str, storage_options: Any = None, *, others: tuple[str, ...] = ()) -> Any:
-    """The byte store of ``path``. ``storage_options`` configure the filesystem of the function's URLs: they go to
-    ``path`` when it is one; given when neither ``path`` nor any of ``others`` is a URL, they are an error."""
-    from ..storage.stores import is_url, store_for
+def takes_storage_options(fn: F) -> F:
+    """A public import or export function's ``storage_options=`` go to every URL it reads or writes (its sources, its
+    outputs, a remote xser model): ``stores.options`` for the call."""
 
-    if storage_options and not is_url(path) and any(is_url(o) for o in others):
-        return store_for(path)
-    return store_for(path, storage_options)
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ..storage.stores import options
+
+        with options(kwargs.get("storage_options")):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def where_from(path: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import writes_files
+from . import takes_storage_options, writes_files
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
@@ -33,7 +33,7 @@ from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
 from ..storage.replace import replaced_output
 from ..storage.source import open_source
-from ..storage.stores import Store
+from ..storage.stores import Store, store_for
 
 __all__ = ["AngelMatrix", "FORMATS", "export_angel", "import_angel", "java_string"]
 
@@ -89,6 +89,7 @@ def _partitions(recorded: Any, rows: int, cols: int) -> list[tuple[int, tuple[in
     return parts if parts else None
 
 
+@takes_storage_options
 @writes_files
 def export_angel(
     model: str | os.PathLike,
@@ -121,7 +122,7 @@ def export_angel(
     """
     import warnings
 
-    from . import read_param, refuse_existing, store_of
+    from . import read_param, refuse_existing
 
     if format is not None and format not in FORMATS:
         raise DataError(f"unknown Angel format {format!r} (known: {', '.join(FORMATS)}){did_you_mean(format, FORMATS)}")
@@ -166,7 +167,7 @@ def export_angel(
     name = matrix_name or (rmeta.get("matrixName") if isinstance(rmeta.get("matrixName"), str) and rmeta.get("matrixName") else pname)
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         raise DataError(f"matrix name {name!r} must be a plain directory name")
-    store = store_of(os.fspath(out_dir), storage_options, others=(os.fspath(model),))
+    store = store_for(os.fspath(out_dir))
     target = store.join(os.fspath(out_dir), name)
     refuse_existing(target, force, store)
     column = format.endswith("column")
@@ -238,6 +239,7 @@ def _partition_box(pid: str, pm: Any, rows: int, cols: int, where: Location) -> 
     return (r0, c0), (r1 - r0, c1 - c0)
 
 
+@takes_storage_options
 def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None, *, storage_options: dict | None = None) -> tuple[dict, np.ndarray]:
     """The ``_meta`` and the matrix of an Angel matrix directory, every partition checked.
 
@@ -248,9 +250,7 @@ def read_angel(matrix_dir: str | os.PathLike, sep: str | None = None, *, storage
     regular expression as Angel's reader uses it (``text.format.filed.sep``); found in each file when None.
     ``matrix_dir`` may be a URL (``storage_options`` go to its filesystem).
     """
-    from . import store_of
-
-    meta, out, _ = _read_angel(store_of(os.fspath(matrix_dir), storage_options), matrix_dir, sep)
+    meta, out, _ = _read_angel(store_for(os.fspath(matrix_dir)), matrix_dir, sep)
     return meta, out
 
 
@@ -400,6 +400,7 @@ def _check_cover(boxes: list, rows: int, cols: int, where: Location) -> None:
         raise DataError(f"partitions do not cover the matrix: {e}", where) from None
 
 
+@takes_storage_options
 def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                  sep: str | None = None, storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!AngelMatrix``) of an Angel matrix directory; returns its subcollection name.
@@ -408,14 +409,14 @@ def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force
     when None). The model's metadata records the layout (``angel_layout``: format, separator, row type, the
     partitions and their files, the rest of ``_meta``), which ``export_angel`` uses when not told otherwise.
     ``matrix_dir`` may be a URL (``s3://``, ``hdfs://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
-    from . import store_of, where_from
+    from . import where_from
 
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    meta, values, seps = _read_angel(store_of(os.fspath(matrix_dir), storage_options, others=(os.fspath(out),)), matrix_dir, sep)
+    meta, values, seps = _read_angel(store_for(os.fspath(matrix_dir)), matrix_dir, sep)
     name = fresh_name(AngelMatrix)
     dtype = "float32" if values.dtype == np.float32 else str(values.dtype)
     tree = Tagged("!AngelMatrix", {"name": str(meta.get("matrixName", "")), "rows": values.shape[0], "cols": values.shape[1],

@@ -22,14 +22,14 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import writes_files
+from . import takes_storage_options, writes_files
 from ..storage.progress import advance, progress
 from ..storage.replace import replaced_outputs
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
 from ..storage.formats.dismec_codec import dense_text, dismec_npy, lost_values, save_model_files, sparse_text
-from ..storage.stores import Store
+from ..storage.stores import Store, store_for
 
 __all__ = ["DismecModel", "export_dismec", "import_dismec", "read_dismec"]
 
@@ -198,15 +198,14 @@ def _check_dense_size(store: Store, path: str, wf: WeightFile, features: int) ->
                         "num-features)", Location(path))
 
 
+@takes_storage_options
 def read_dismec(meta_path: str | os.PathLike, partial: bool = False, *, storage_options: dict | None = None
                 ) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
     """The metadata and each weight file's rows, checked (``partial``: label ranges may be missing); each text
     file's ``WeightFile`` has the precision it was written with. ``meta_path`` may be a URL (``storage_options``
     go to its filesystem)."""
-    from . import store_of
-
     meta_path = os.fspath(meta_path)
-    return _read_dismec(store_of(meta_path, storage_options), meta_path, partial)
+    return _read_dismec(store_for(meta_path), meta_path, partial)
 
 
 def _read_dismec(store: Store, meta_path: str, partial: bool) -> tuple[dict, list[tuple[WeightFile, np.ndarray]]]:
@@ -223,6 +222,7 @@ def _read_dismec(store: Store, meta_path: str, partial: bool) -> tuple[dict, lis
     return meta, out
 
 
+@takes_storage_options
 def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                   partial: bool = False, storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!DismecModel``) of a DiSMEC++ model; returns its subcollection name.
@@ -236,10 +236,10 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    from . import store_of, where_from
+    from . import where_from
 
     meta_path, out = os.fspath(meta_path), os.fspath(out)
-    store = store_of(meta_path, storage_options, others=(out,))
+    store = store_for(meta_path)
     meta, parts = _read_dismec(store, meta_path, partial)
     name = fresh_name(DismecModel)
     present = [[wf.first, wf.count] for wf, _ in parts]
@@ -325,6 +325,7 @@ def _check_ranges(ranges: Any, labels: int) -> list[tuple[int, int]]:
     return out
 
 
+@takes_storage_options
 @writes_files
 def export_dismec(
     model: str | os.PathLike,
@@ -362,10 +363,10 @@ def export_dismec(
 
     from ..storage.formats.text import DISMEC_PRECISION
 
-    from . import read_param, refuse_existing, store_of
+    from . import read_param, refuse_existing
 
     meta_out = os.fspath(meta_out)
-    store = store_of(meta_out, storage_options, others=(os.fspath(model),))
+    store = store_for(meta_out)
     if layout not in ("auto", "split", "cli"):
         raise DataError(f"layout must be auto, split or cli, got {layout!r}")
     if format is not None and format not in FORMATS:

@@ -17,8 +17,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import refuse_existing, writes_files
+from . import refuse_existing, takes_storage_options, writes_files
 from ..storage.progress import advance, progress
+from ..storage.stores import store_for
 from ..errors import DataError, Location
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -149,6 +150,7 @@ def _contents(data: Any, experiment: Any) -> tuple[dict, dict]:
     return tables, dense
 
 
+@takes_storage_options
 @writes_files
 def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None,
                  mode: str = "max", shards: int = 1, parallel: int = 4, force: bool = False, model_pt: bool = True,
@@ -164,11 +166,9 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
     from ..api import retrying
     from ..spec.saved import open_saved
 
-    from . import store_of
-
     model, out = os.fspath(model), os.fspath(out)
     which = selector(checkpoint, metric, mode, model)
-    store = store_of(out, storage_options, others=(model,))
+    store = store_for(out)
     refuse_existing(out, force, store)
 
     def once() -> list[str]:
@@ -208,6 +208,7 @@ def _model_pt(path: str, dense: dict[str, np.ndarray]) -> None:
     torch.save(out, path)
 
 
+@takes_storage_options
 def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                  storage_options: dict | None = None) -> str:
     """Make an xser model (one ``!RecisModel``) of a RecIS v2 checkpoint directory; returns its subcollection name.
@@ -215,7 +216,7 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     A table's slices are put together in slice order; its ids must be unique across slices. ``directory`` may be a
     URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem): only the blocks' bytes are read.
     """
-    from . import store_of, where_from
+    from . import where_from
 
     from ..checkpoints.saver import SaveOptions, write_new_model
     from ..checkpoints.snapshot import Snapshot
@@ -223,7 +224,7 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     from ..spec.saved import SPEC_FORMAT, spec_header
 
     directory, out = os.fspath(directory), os.fspath(out)
-    store = store_of(directory, storage_options, others=(out,))
+    store = store_for(directory)
     blocks = read_layout(directory, store)
     tables: dict[str, dict[str, list]] = {}
     dense: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from . import refuse_existing, writes_files
+from . import refuse_existing, takes_storage_options, writes_files
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import NAME_RE, fresh_name, params
@@ -37,7 +37,7 @@ from ..storage.listing import Best, selector
 from ..storage.payloads import Lazy, Stream
 from ..storage.replace import replaced_output
 from ..storage.source import open_source
-from ..storage.stores import Store
+from ..storage.stores import Store, store_for
 
 __all__ = ["SafetensorsWeights", "export_safetensors", "import_safetensors", "parse_size"]
 
@@ -102,6 +102,7 @@ def _shards(sizes: list[tuple[str, int]], limit: int | None) -> list[list[str]]:
     return out
 
 
+@takes_storage_options
 @writes_files
 def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path: str = "", checkpoint: int | str | Best = 0,
                        metric: str | None = None, mode: str = "max", max_shard_size: str | int | None = None, force: bool = False,
@@ -120,12 +121,10 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
     from ..api import retrying
     from ..spec.saved import open_saved
 
-    from . import store_of
-
     model, out = os.fspath(model), os.fspath(out)
     which = selector(checkpoint, metric, mode, model)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    store = store_of(out, storage_options, others=(model,))
+    store = store_for(out)
     refuse_existing(out, force, store)
 
     def once() -> ExportReport:
@@ -133,7 +132,7 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
             data = saved.data
             text = data.spec_text()
             if text is None:  # format_version 1: the top-level file is the spec
-                text = store_of(model, storage_options, others=(out,)).read_bytes(model, "the model's spec").decode("utf-8")
+                text = store_for(model).read_bytes(model, "the model's spec").decode("utf-8")
             keys, files = _selected(flat_keys(saved.experiment, data.subcollections), data.subcollections, path, data.path)
             _warn_unloadable(saved.experiment, path, keys, out)
             entries = {k: data.subcollections[s][n] for k, (s, n) in keys.items()}
@@ -242,6 +241,7 @@ def _reader(data: Any, entry: Any, verify: bool) -> Any:
 # ---------------------------------------------------------------- import
 
 
+@takes_storage_options
 def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                        format: str = "npy", storage_options: dict | None = None) -> str:
     """Make an xser model of a safetensors file or HF directory; returns its subcollection name.
@@ -257,10 +257,10 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     from ..spec import dump
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    from . import store_of, where_from
+    from . import where_from
 
     source, out = os.fspath(source), os.fspath(out)
-    store = store_of(source, storage_options, others=(out,))
+    store = store_for(source)
     files = hf_files(source, store)
     found = {k: (v[0], v[4]) for k, v in hf_tensors(files, store).items()}
     tables = _tables(found)

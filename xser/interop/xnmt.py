@@ -19,20 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from . import refuse_existing, writes_files
+from . import refuse_existing, takes_storage_options, writes_files
 from ..storage.replace import replaced_outputs
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
 from ..storage.formats.dynet_codec import parse_dynet_text, write_dynet_text
-from ..storage.stores import Store
+from ..storage.stores import Store, store_for
 
 
+@takes_storage_options
 def read_dynet_text(path: str, *, storage_options: dict | None = None) -> list[dict]:
     """The records of one DyNet text file (see ``parse_dynet_text``); ``path`` may be a URL."""
-    from . import store_of
-
-    return _read_dynet_text(store_of(os.fspath(path), storage_options), os.fspath(path))
+    return _read_dynet_text(store_for(os.fspath(path)), os.fspath(path))
 
 
 def _read_dynet_text(store: Store, path: str) -> list[dict]:
@@ -86,6 +85,7 @@ def _records(sub: str, params: dict, arrays: dict, layout: list | None) -> list[
     return [{"kind": "Parameter", "key": f"/{sub}/{n}", "name": n, "dims": list(a.shape), "array": a} for n, a in arrays.items()]
 
 
+@takes_storage_options
 def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, durable: bool = True,
                 storage_options: dict | None = None) -> list[str]:
     """Make an xser model of an XNMT saved model with all its checkpoints; returns the checkpoint dirs read.
@@ -94,10 +94,10 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     from ..checkpoints.snapshot import Snapshot
     from ..spec.saved import SPEC_FORMAT, spec_header
 
-    from . import store_of, where_from
+    from . import where_from
 
     mod, out = os.fspath(mod), os.fspath(out)
-    store = store_of(mod, storage_options, others=(out,))
+    store = store_for(mod)
     try:
         text = store.read_bytes(mod, "XNMT model").decode("utf-8")
     except UnicodeDecodeError as e:
@@ -144,6 +144,7 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
     return dirs
 
 
+@takes_storage_options
 @writes_files
 def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, storage_options: dict | None = None) -> list[str]:
     """Write ``out`` (XNMT's YAML) and ``out.data[.N]`` (DyNet text) for every checkpoint of ``model``.
@@ -153,14 +154,12 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
     ...; ``storage_options`` go to its filesystem): the files are uploaded, the model file last (not atomic as a set
     there: see docs/interop.md).
     """
-    from . import store_of
-
     from ..errors import CheckpointError
     from ..spec.saved import with_spec
     from ..storage.listing import scan
 
     model, out = os.fspath(model), os.fspath(out)
-    store = store_of(out, storage_options, others=(model,))
+    store = store_for(out)
     refuse_existing(out, force, store)
     written = []
     stack = contextlib.ExitStack()
