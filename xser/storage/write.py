@@ -18,7 +18,8 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location
-from .checksums import DEFAULT_CHECKSUM, digest_bytes
+from .checksums import CHECKSUMS, DEFAULT_CHECKSUM, digest_bytes
+from .checksums import verify as check_digest
 from .formats import FORMATS
 from .formats.npy import NPY, header_for
 from .fsutil import fsync_file, os_error
@@ -152,9 +153,12 @@ def _write_bundle(path: str, piece: Piece, durable: bool, link: Linker) -> Write
 
 def _link_file(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:
     f: FromFile = piece.payload
-    if f.verify:
-        f.source.verify_file(f.rel, f.bytes, f.checksum)
-    linked = link_or_copy(f.source, f.rel, path, link)
+    if getattr(f.source, "store", None) is not None:  # an object on a store (RemoteDir): never read twice
+        linked = _copy_object(f, path, link)
+    else:
+        if f.verify:
+            f.source.verify_file(f.rel, f.bytes, f.checksum)
+        linked = link_or_copy(f.source, f.rel, path, link)
     if durable and not linked:
         fsync_file(path)
     return WriteResult(piece.rel, f.bytes, f.checksum, linked)
@@ -220,6 +224,29 @@ def link_or_copy(source: Any, rel: str, dst: str, link: Linker | None = None) ->
         return True
     with source.open_file(rel) as src, open(dst, "xb") as out:
         shutil.copyfileobj(src, out, 8 << 20)
+    return False
+
+
+def _copy_object(f: FromFile, dst: str, link: Linker) -> bool:
+    """A published object of a checkpoint on a store to ``dst``. On the same store it is copied on the server
+    (``link``): no byte is read here, and its size and checksum are the source manifest's (the object is immutable,
+    and that manifest was checked against its commit record). Otherwise it is copied through this process in
+    ranged reads, checked against the manifest as it streams (``verify``): read once, never twice. True if linked."""
+    if link(f.source, f.rel, dst):
+        return True
+    h = CHECKSUMS[f.checksum[0]]() if f.verify else None
+    size = 0
+    with f.source.open_file(f.rel) as src, open(dst, "xb") as out:
+        while chunk := src.read(8 << 20):
+            if h is not None:
+                h.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    if h is not None:
+        where = f.source.where(f.rel)
+        if size != f.bytes:
+            raise DataError(f"file has {size} bytes, manifest says {f.bytes} (truncated or replaced?)", Location(where))
+        check_digest(f.checksum, h.hexdigest(), where)
     return False
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -37,6 +37,8 @@ from ..storage.opened import OpenedDir
 from ..storage.manifest import ParamEntry
 from ..storage.payloads import Stream, from_entry
 from ..storage.pool import pool
+from ..storage.stores import options as storage_context
+from .where import is_file, same_path, spec_text as read_spec_text
 
 __all__ = ["AverageReport", "average", "select"]
 
@@ -64,6 +66,7 @@ def select(
     best: int | None = None,
     metric: str | None = None,
     mode: str = "max",
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[Checkpoint]:
     """The checkpoints to use, newest first: all, the last N, given indices, or the best N by a metric.
 
@@ -74,7 +77,7 @@ def select(
     if isinstance(path, Scan):
         ckpts, where = path.checkpoints, Location(path.spec_path)
     else:
-        with scan(path) as s:
+        with storage_context(storage_options), scan(path) as s:
             ckpts, where = s.checkpoints, Location(os.fspath(path))
     if not ckpts:
         raise CheckpointError("the model has no checkpoints (no .data directory with a valid manifest)", where)
@@ -313,6 +316,7 @@ def average(
     progress: Callable[[int], Callable[[int], None] | None] | None = None,
     memory_budget: int = MEMORY_BUDGET,
     verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> AverageReport:
     """Write a new model at ``out`` whose parameters are the mean of ``path``'s selected checkpoints.
 
@@ -320,16 +324,27 @@ def average(
     for wider data) and cast back to their dtype; other arrays (step counters, masks) are copied
     from the newest selected checkpoint. ``progress(total_bytes)`` is called once the
     checkpoints are chosen and may return ``update(nbytes)``, called as data is read.
+
+    ``path`` and ``out`` may be local paths or URLs (``s3://...``, any fsspec protocol), in any mix;
+    ``storage_options`` go to the filesystem of every URL. A remote checkpoint is read in chunks
+    (ranged GETs), so memory stays bounded as locally.
     """
-    path, out = os.fspath(path), os.fspath(out)
+    with storage_context(storage_options):
+        return _average_paths(os.fspath(path), os.fspath(out), last=last, checkpoints=checkpoints, best=best, metric=metric,
+                              mode=mode, weights=weights, accumulate=accumulate, missing=missing, drop_slots=drop_slots,
+                              durable=durable, force=force, progress=progress, memory_budget=memory_budget, verify=verify)
+
+
+def _average_paths(path: str, out: str, *, last, checkpoints, best, metric, mode, weights, accumulate, missing, drop_slots,
+                   durable, force, progress, memory_budget, verify) -> AverageReport:
     where = Location(path)
     if accumulate not in ("float64", "float32"):
         raise CheckpointError(f"accumulate must be 'float64' or 'float32', got {accumulate!r}", where)
     if missing not in MISSING:
         raise CheckpointError(f"missing must be {' or '.join(map(repr, MISSING))}, got {missing!r}", where)
-    if os.path.realpath(path) == os.path.realpath(out):
+    if same_path(path, out):
         raise CheckpointError("the output is the input model; choose another --out", Location(out))
-    if os.path.isfile(path) and not is_saved(read(path)):
+    if is_file(path) and not is_saved(read(path)):
         raise CheckpointError("not a saved xser model (no xser_format key)", where)
 
     def once() -> AverageReport:
@@ -396,8 +411,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     }
     spec_text = newest.spec_text()
     if spec_text is None:  # format_version 1: the top-level file is the spec
-        with open(path, encoding="utf-8") as f:
-            spec_text = f.read()
+        spec_text = read_spec_text(path)
     with progress_bar(total, "averaging"):
         write_new_model(out, [Snapshot(spec_text, arrays, meta)], SaveOptions(durable), force=force)
     return AverageReport(out, tuple(chosen), ws, tuple(averaged), tuple(copied), tuple(notes))

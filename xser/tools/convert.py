@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -25,6 +26,8 @@ from ..storage import training_state
 from ..storage.listing import scan, selector
 from ..storage.opened import OpenedDir
 from ..storage.payloads import from_entry
+from ..storage.stores import options as storage_context
+from .where import same_path
 
 __all__ = ["ConvertReport", "convert", "fresh_names", "numbered"]
 
@@ -105,12 +108,18 @@ def convert(
     durable: bool = True,
     force: bool = False,
     verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ConvertReport:
     """Write checkpoint ``checkpoint`` of ``path`` as a new model at ``out`` with fresh names (``checkpoint="best",
-    metric=..., mode=...`` or ``"last"`` select as for ``xser.load``)."""
+    metric=..., mode=...`` or ``"last"`` select as for ``xser.load``).
+
+    ``path`` and ``out`` may be local paths or URLs, in any mix (``storage_options`` go to the filesystem of every
+    URL). Between two prefixes of one object store the data objects are copied on the server: no array byte passes
+    through this process, and their checksums are carried over from the source's manifest (``verify`` then checks
+    nothing more: the objects are immutable and the manifest was checked against its commit record)."""
     path, out = os.fspath(path), os.fspath(out)
     checkpoint = selector(checkpoint, metric, mode, path)
-    if os.path.realpath(path) == os.path.realpath(out):
+    if same_path(path, out):
         raise CheckpointError("the output is the input model; choose another --out", Location(out))
 
     def once() -> ConvertReport:
@@ -118,7 +127,8 @@ def convert(
             return _convert_opened(saved, path, out, keep_training_state=keep_training_state, durable=durable, force=force,
                                    verify=verify)
 
-    return retrying(path, once)
+    with storage_context(storage_options):
+        return retrying(path, once)
 
 
 def _convert_opened(saved: SavedModel, path: str, out: str, *, keep_training_state: bool, durable: bool, force: bool,
@@ -146,11 +156,12 @@ def _convert_opened(saved: SavedModel, path: str, out: str, *, keep_training_sta
 
 
 def convert_all(path: str | os.PathLike, out: str | os.PathLike, *, keep_training_state: bool = False, durable: bool = True,
-                force: bool = False, verify: bool = True) -> list[ConvertReport]:
+                force: bool = False, verify: bool = True, storage_options: Mapping[str, Any] | None = None) -> list[ConvertReport]:
     """Convert every checkpoint: ``out.0.yaml`` (the newest), ``out.1.yaml``, ... All come from one listing (a
-    saver rotating meanwhile neither shifts one checkpoint into two outputs nor leaves one out)."""
+    saver rotating meanwhile neither shifts one checkpoint into two outputs nor leaves one out). Paths and
+    ``storage_options`` as for ``convert``."""
     path, out = os.fspath(path), os.fspath(out)
-    if os.path.realpath(path) == os.path.realpath(out):
+    if same_path(path, out):
         raise CheckpointError("the output is the input model; choose another --out", Location(out))
 
     def once() -> list[ConvertReport]:
@@ -160,6 +171,7 @@ def convert_all(path: str | os.PathLike, out: str | os.PathLike, *, keep_trainin
             return [_convert_opened(with_spec(path, data), path, numbered(out, c.index), keep_training_state=keep_training_state,
                                     durable=durable, force=force, verify=verify) for c, data in s.listed]
 
-    return retrying(path, once)
+    with storage_context(storage_options):
+        return retrying(path, once)
 
 

@@ -10,7 +10,7 @@ fresh names with ``rename=True``; otherwise that is an error that says how to fi
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -25,7 +25,10 @@ from ..model.refs import NotFound, Resolver, dedupe_ids, inline, parse_path
 from ..model.registry import serializable
 from ..spec import Doc, Tagged, dump, iter_tagged
 from ..spec.saved import SPEC_FORMAT, absolute_paths, open_saved, relative_paths, spec_header
+from ..storage.stores import is_url
+from ..storage.stores import options as storage_context
 from .convert import fresh_names, linked_arrays
+from .where import same_path
 
 __all__ = ["Ensemble", "EnsembleReport", "ensemble"]
 
@@ -55,20 +58,24 @@ def ensemble(
     durable: bool = True,
     force: bool = False,
     verify: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> EnsembleReport:
     """Write an ensemble of ``models`` (their experiment, or the part at dotted ``path``) to ``out``.
 
-    The ensemble's experiment is named ``name``, by default after its file (``ens.yaml``: ``ens``)."""
+    The ensemble's experiment is named ``name``, by default after its file (``ens.yaml``: ``ens``). Members and
+    ``out`` may be local paths or URLs, in any mix (``storage_options`` go to the filesystem of every URL); a
+    member on the output's object store is copied on the server."""
     out = os.fspath(out)
     if name is None:
         name = _stem(out)
     models = [os.fspath(m) for m in models]
     if not models:
         raise CheckpointError("an ensemble needs at least one model", Location(out))
-    if any(os.path.realpath(m) == os.path.realpath(out) for m in models):
+    if any(same_path(m, out) for m in models):
         raise CheckpointError("the output is one of the input models; choose another --out", Location(out))
-    return retrying(out, lambda: _ensemble(models, out, rename=rename, path=path, checkpoint=checkpoint, name=name,
-                                           durable=durable, force=force, verify=verify))
+    with storage_context(storage_options):
+        return retrying(out, lambda: _ensemble(models, out, rename=rename, path=path, checkpoint=checkpoint, name=name,
+                                               durable=durable, force=force, verify=verify))
 
 
 def _stem(path: str) -> str:
@@ -130,6 +137,6 @@ def _ensemble_open(stack: contextlib.ExitStack, models: list[str], out: str, *, 
             owner[new] = model
         members.append(member)
     spec = {"xser_format": SPEC_FORMAT, "name": name, "experiment": relative_paths(Tagged("!Ensemble", {"members": members}), out)}
-    meta = {"training": {"ensemble_of": [os.path.abspath(m) for m in models]}}
+    meta = {"training": {"ensemble_of": [m if is_url(m) else os.path.abspath(m) for m in models]}}
     write_new_model(out, [Snapshot(spec_header(out) + dump(spec), arrays, meta)], SaveOptions(durable), force=force)
     return EnsembleReport(out, tuple(models), renamed)

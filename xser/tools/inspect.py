@@ -8,6 +8,7 @@ every checkpoint: checksums, and that its spec and its data belong together.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,12 @@ from ..storage.dtypes import find
 from ..spec.saved import MODEL_PATH, SavedModel, hand_edit, open_saved, top_level_state, with_edit, with_spec
 from ..storage.layout import models_in, slot_of
 from ..storage.listing import Checkpoint, checkpoints, scan
+from ..storage.objects.commit import RemoteScan, data_root, record_path
+from ..storage.objects.opened import RemoteDir
+from ..storage.stores import is_url, store_for
+from ..storage.stores import options as storage_context
 from .convert import spec_subcols
+from .where import is_dir, is_file, join
 
 __all__ = ["ModelView", "foreign_kind", "json_text", "not_a_model_directory", "open_model", "verify_model"]
 
@@ -35,8 +41,25 @@ _TOP = {
 }
 
 
+def remote_layout(s: Any) -> dict[str, Any] | None:
+    """Where a model on an object store is (None for a local model): ``{store, commit, record, checkpoints}``, the
+    store's scheme, the number and URL of the commit record read, and the prefix of each checkpoint it lists, newest
+    first (docs/format.md, section 6)."""
+    if not isinstance(s, RemoteScan):
+        return None
+    store, path = s.store, s.spec_path
+    root = data_root(store, path)
+    return {
+        "store": store.scheme,
+        "commit": s.seq,
+        "record": record_path(store, path, s.seq) if s.record is not None else None,
+        "checkpoints": [store.join(root, p) + "/" for p in s.prefixes],
+    }
+
+
 class ModelView:
-    def __init__(self, path: str, saved: SavedModel, ckpts: list[Checkpoint], others: list[str]) -> None:
+    def __init__(self, path: str, saved: SavedModel, ckpts: list[Checkpoint], others: list[str],
+                 remote: dict[str, Any] | None = None) -> None:
         self.path = path
         self.tree = saved.doc.tree
         self.data = saved.data
@@ -45,6 +68,7 @@ class ModelView:
         self.edit = hand_edit(path, saved.data) if self.top == "edited" else None
         self.checkpoints = ckpts
         self.others = others  # notes on slots that are not this model's checkpoints
+        self.remote = remote  # a model on an object store: remote_layout()
         self.components: list[tuple[str, Tagged]] = []
         exp = self.tree.get("experiment") if isinstance(self.tree, dict) else None
         self._walk(exp, ())
@@ -61,6 +85,8 @@ class ModelView:
 
     def links(self, rel: str) -> int:
         """How many directory entries share the file (hard links between checkpoints and converted models)."""
+        if isinstance(self.data, RemoteDir):  # objects have no links (and asking would cost a request per file)
+            return 1
         try:
             with self.data.open_file(rel) as f:
                 return os.fstat(f.fileno()).st_nlink
@@ -129,7 +155,7 @@ class ModelView:
                 {"name": sub, "component": where, "params": [r for _, r in records]} for sub, where, records in self.params()
             ],
             "bytes_on_disk": self.bytes_on_disk(),
-        }
+        } | ({"remote": self.remote} if self.remote is not None else {})
 
     def lines(self) -> list[str]:
         meta = self.data.meta
@@ -144,6 +170,8 @@ class ModelView:
         ]
         if self.edit is not None:
             out.append(f"  edit: {self.edit.difference()}")
+        if self.remote is not None:
+            out.extend(remote_lines(self.remote))
         for key in ("training", "custom"):
             if meta.get(key):
                 text = str(meta[key])
@@ -197,11 +225,22 @@ class ModelView:
         return out
 
 
-def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None) -> list[str]:
+def remote_lines(remote: dict[str, Any]) -> list[str]:
+    """The text lines of ``remote_layout``."""
+    out = [f"  store: {remote['store']}:// (an object store: each checkpoint under its own prefix, published by a commit record)"]
+    if remote["record"] is not None:
+        out.append(f"  commit record {remote['commit']} ({remote['record']})")
+    out.append("  checkpoint prefixes (newest first):")
+    out.extend(f"    {i}  {p}" for i, p in enumerate(remote["checkpoints"]))
+    return out
+
+
+def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None, *,
+                 storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """Any saved model's tensors through ``CheckpointReader``: name, shape, dtype tag, bytes (metadata only)."""
     from .reader import CheckpointReader
 
-    with CheckpointReader(path, checkpoint) as r:
+    with CheckpointReader(path, checkpoint, storage_options=storage_options) as r:
         names = r.tensor_names()
         width = max((len(n) for n in names), default=0)
         out = [f"{r.kind} model {os.fspath(path)}: {len(names)} tensors"]
@@ -253,13 +292,14 @@ def _others(s: Any) -> list[str]:
     return out
 
 
-def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
-    """The class-free view of checkpoint ``checkpoint`` of a saved model (the caller closes ``view.data``)."""
+def open_model(path: str | os.PathLike, checkpoint: int = 0, *, storage_options: Mapping[str, Any] | None = None) -> ModelView:
+    """The class-free view of checkpoint ``checkpoint`` of a saved model (the caller closes ``view.data``). A model on an
+    object store (a URL; ``storage_options`` for its filesystem) also shows where it is (``view.remote``)."""
     path = os.fspath(path)
 
     def once() -> ModelView:
         with scan(path) as s:  # the checkpoint shown comes from the listing shown (one snapshot)
-            ckpts, others = s.checkpoints, _others(s)
+            ckpts, others, remote = s.checkpoints, _others(s), remote_layout(s)
             try:
                 data = s.take(checkpoint)
             except DataError:
@@ -273,12 +313,13 @@ def open_model(path: str | os.PathLike, checkpoint: int = 0) -> ModelView:
                 data.close()
                 raise
         try:
-            return ModelView(path, saved, ckpts, others)
+            return ModelView(path, saved, ckpts, others, remote)
         except BaseException:
             saved.close()
             raise
 
-    return retrying(path, once)
+    with storage_context(storage_options):
+        return retrying(path, once)
 
 
 def belong_together(saved: SavedModel) -> None:
@@ -295,10 +336,11 @@ def belong_together(saved: SavedModel) -> None:
         raise DataError(f"spec and data do not belong together: {'; '.join(parts)}", Location(saved.data.path))
 
 
-def verify_model(path: str | os.PathLike) -> list[str]:
+def verify_model(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """Check every checkpoint (checksums of every file, its spec against its data); one line per checkpoint.
 
-    The checkpoints come from one listing and are checked through its opened directories."""
+    The checkpoints come from one listing and are checked through its opened directories (on an object store:
+    every object is read, in ranged chunks)."""
     path = os.fspath(path)
 
     def once() -> list[str]:
@@ -315,21 +357,28 @@ def verify_model(path: str | os.PathLike) -> list[str]:
                              "spec and data belong together")
         return lines
 
-    return retrying(path, once)
+    with storage_context(storage_options):
+        return retrying(path, once)
 
 
-def foreign_kind(path: str) -> str | None:
+def foreign_kind(path: str, *, storage_options: Mapping[str, Any] | None = None) -> str | None:
     """What ``xser inspect`` reads ``path`` as when it is no xser model file: "RecIS", "safetensors" (a file or a
-    Hugging Face directory), or None (an xser model's spec file)."""
-    if os.path.isdir(path):
-        return "RecIS" if os.path.isfile(os.path.join(path, "index")) else "safetensors"
+    Hugging Face directory), or None (an xser model's spec file). ``path`` may be a URL (a prefix is a directory)."""
+    with storage_context(storage_options):
+        if is_dir(path):
+            return "RecIS" if is_file(join(path, "index")) else "safetensors"
     return "safetensors" if path.endswith(".safetensors") else None
 
 
-def not_a_model_directory(path: str, checkpoint_option: bool = True) -> None:
+def not_a_model_directory(path: str, checkpoint_option: bool = True, *, storage_options: Mapping[str, Any] | None = None) -> None:
     """A directory that holds saved xser models, or is one's checkpoint directory, given where a model's file belongs:
     a ``CheckpointError`` naming the model file to give instead (and ``--checkpoint K`` where the command has the
-    option). Other directories (safetensors, RecIS, anything else) pass."""
+    option). Other directories (safetensors, RecIS, anything else) pass. On an object store (a URL) a prefix is a
+    directory: the model's data prefix, one of its checkpoint prefixes, or a prefix holding models."""
+    if is_url(path):
+        with storage_context(storage_options):
+            _not_a_remote_model_directory(path, checkpoint_option)
+        return
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "index")) or any(
         os.path.isfile(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")
     ):
@@ -345,6 +394,37 @@ def not_a_model_directory(path: str, checkpoint_option: bool = True) -> None:
         raise CheckpointError(f"a checkpoint directory of the model {spec}; give the model's file instead: {spec}{which}",
                               Location(path))
     models = models_in(path)
+    if len(models) == 1:
+        raise CheckpointError(f"a directory that holds a saved model, not a model; give its model file instead: {models[0]}",
+                              Location(path))
+    if models:
+        raise CheckpointError(f"a directory that holds saved models, not a model; give one of its model files instead: "
+                              f"{', '.join(models)}", Location(path))
+
+
+def _not_a_remote_model_directory(path: str, checkpoint_option: bool) -> None:
+    """``not_a_model_directory`` for a URL: ``<model>.data/`` (or a prefix under it), or a prefix holding models."""
+    store = store_for(path)
+    base = path.rstrip("/")
+    head, sep, rest = base.partition(".data/")
+    spec = head if sep else (base[: -len(".data")] if base.endswith(".data") else None)
+    if spec is not None and store.listdir(store.join(spec + ".data", "commits")):
+        which = ""
+        prefix = rest.split("/", 1)[0] if sep else ""
+        if prefix:
+            try:
+                index = next((c.index for c in checkpoints(spec) if c.path.rstrip("/") == store.join(spec + ".data", prefix)), None)
+            except (DataError, CheckpointError):
+                index = None
+            which = "" if not index else f" with --checkpoint {index}" if checkpoint_option else f" (this is its checkpoint {index})"
+        what = "a checkpoint prefix" if prefix else "the data prefix"
+        raise CheckpointError(f"{what} of the model {spec}; give the model's file instead: {spec}{which}", Location(path))
+    if not store.isdir(path):
+        return
+    names = set(store.listdir(path))
+    if "index" in names or names & {"model.safetensors", "model.safetensors.index.json"}:
+        return
+    models = sorted(store.join(path, n) for n in names if n + ".data" in names and store.size(store.join(path, n)) is not None)
     if len(models) == 1:
         raise CheckpointError(f"a directory that holds a saved model, not a model; give its model file instead: {models[0]}",
                               Location(path))

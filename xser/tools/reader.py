@@ -11,7 +11,9 @@ headers); ``read_tensor`` reads one tensor, or only its ``rows``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,8 @@ from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
 from ..storage.formats.safetensors import read_at
 from ..storage.recis_layout import read_block, read_layout, tensors
+from ..storage.stores import Store, is_url, store_for
+from ..storage.stores import options as storage_context
 
 __all__ = ["CheckpointReader"]
 
@@ -33,12 +37,19 @@ def _tag(dtype: np.dtype) -> str:
     return d.tag if d is not None else dtype.str
 
 
-def _is_safetensors(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-    except OSError:
-        return False
+def _is_safetensors(path: str, store: Store) -> bool:
+    if is_url(path):
+        try:
+            with contextlib.closing(store.open_read(path, "the file")) as r:
+                head = r.read(9)
+        except (OSError, DataError):
+            return False
+    else:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(9)
+        except OSError:
+            return False
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 40
 
 
@@ -49,19 +60,34 @@ class CheckpointReader:
     ``path`` is an xser model (its spec file; ``checkpoint=k`` picks the k-th newest), a safetensors
     file, or a Hugging Face directory (``model.safetensors`` or shards with their index). Close it
     (or use ``with``) to release the checkpoint it holds open.
+
+    ``path`` may be a URL (``s3://...``, any fsspec protocol; ``storage_options`` for its filesystem): the reader
+    keeps the store it opened, so ``read_tensor`` works after the call, and reads only the bytes asked for
+    (ranged GETs).
     """
 
-    def __init__(self, path: str | os.PathLike, checkpoint: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, checkpoint: int | None = None, *,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = os.fspath(path)
         self._data: Any = None
         self._files: dict[str, tuple[str, int]] = {}  # safetensors: name -> (file, data start)
         self._meta: dict[str, tuple[np.dtype, tuple]] = {}
         self._recis: dict[str, list] = {}
-        if os.path.isdir(self.path) and os.path.isfile(os.path.join(self.path, "index")):
+        with storage_context(storage_options):
+            self._store = store_for(self.path)
+            self._open(checkpoint)
+        self.kind = "xser" if self._data is not None else ("recis" if self._recis else "safetensors")
+
+    def _open(self, checkpoint: int | None) -> None:
+        st = self._store
+        remote = is_url(self.path)
+        isdir = st.isdir if remote else os.path.isdir
+        isfile = (lambda p: st.size(p) is not None) if remote else os.path.isfile
+        if isdir(self.path) and isfile(st.join(self.path, "index") if remote else os.path.join(self.path, "index")):
             if checkpoint not in (None, 0):
                 raise CheckpointError("a RecIS checkpoint directory holds one checkpoint", Location(self.path))
             self._open_recis()
-        elif os.path.isdir(self.path) or (os.path.isfile(self.path) and _is_safetensors(self.path)):
+        elif isdir(self.path) or (isfile(self.path) and _is_safetensors(self.path, st)):
             if checkpoint not in (None, 0):
                 raise CheckpointError("a safetensors file or directory holds one checkpoint", Location(self.path))
             self._open_safetensors()
@@ -70,16 +96,15 @@ class CheckpointReader:
             for sub, params in self._data.subcollections.items():
                 for name, e in params.items():
                     self._meta[f"{sub}/{name}"] = (e.dtype, tuple(e.shape))
-        self.kind = "xser" if self._data is not None else ("recis" if self._recis else "safetensors")
 
     def _open_safetensors(self) -> None:
-        for key, (file, dtype, shape, offset, _) in hf_tensors(hf_files(self.path)).items():
+        for key, (file, dtype, shape, offset, _) in hf_tensors(hf_files(self.path, self._store), self._store).items():
             self._meta[key] = (dtype, shape)
             self._files[key] = (file, offset)
 
     def _open_recis(self) -> None:
         """RecIS's names: ``emb@id``, ``emb@embedding``, ``emb@<slot>`` (slices put together in slice order), dense names."""
-        self._recis = tensors(read_layout(self.path))
+        self._recis = tensors(read_layout(self.path, self._store))
         for name, bs in self._recis.items():
             if any(b.dtype != bs[0].dtype or b.shape[1:] != bs[0].shape[1:] for b in bs):
                 raise DataError(f"tensor {name!r}: its slices differ in dtype or row shape", Location(self.path))
@@ -117,7 +142,7 @@ class CheckpointReader:
             whole = np.concatenate([read_block(b) for b in self._recis[name]]) if shape else read_block(self._recis[name][0])
             return whole if rows is None else whole[rows[0] : rows[1]].copy()
         file, offset = self._files[name]
-        return read_at(file, offset, dtype, shape, rows)
+        return read_at(file, offset, dtype, shape, rows, store=self._store)
 
     def close(self) -> None:
         if self._data is not None:

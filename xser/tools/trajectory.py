@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ import numpy as np
 from ..api import retrying
 from ..storage.listing import scan
 from ..storage.opened import OpenedDir
+from ..storage.stores import is_url, store_for
+from ..storage.stores import options as storage_context
 
 __all__ = ["figure", "plot", "trajectory"]
 
@@ -52,9 +55,11 @@ def _distance(newest: OpenedDir, other: OpenedDir, verify: bool) -> float | None
     return math.sqrt(diff) / math.sqrt(norm)
 
 
-def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool = False) -> dict[str, Any]:
+def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool = False,
+               storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``{"model", "metrics": [names], "checkpoints": [{index, directory, step, created, metrics, training_state,
-    distance_to_newest}]}``, newest first, all read from one listing of the model."""
+    distance_to_newest}]}``, newest first, all read from one listing of the model (a local path or a URL, with
+    ``storage_options`` for its filesystem; remote weights are streamed in ranged reads)."""
     path = os.fspath(path)
 
     def once() -> dict[str, Any]:
@@ -70,7 +75,8 @@ def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool 
                 })
         return {"model": path, "metrics": sorted({m for r in rows for m in r["metrics"]}), "checkpoints": rows}
 
-    return retrying(path, once)
+    with storage_context(storage_options):
+        return retrying(path, once)
 
 
 def figure(report: dict[str, Any]) -> Any:
@@ -104,8 +110,18 @@ def figure(report: dict[str, Any]) -> Any:
     return fig
 
 
-def plot(report: dict[str, Any], out: str | os.PathLike) -> str:
-    """``figure(report)`` written to ``out`` (PNG, SVG, PDF: by its extension)."""
+def plot(report: dict[str, Any], out: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``figure(report)`` written to ``out`` (PNG, SVG, PDF: by its extension), a local path or a URL."""
     out = os.fspath(out)
-    figure(report).savefig(out)
+    if not is_url(out):
+        figure(report).savefig(out)
+        return out
+    import io
+
+    fig = figure(report)
+    buf = io.BytesIO()
+    ext = os.path.splitext(out)[1].lstrip(".").lower()
+    fig.savefig(buf, format=ext or None)
+    with storage_context(storage_options):
+        store_for(out).put(out, buf.getvalue())
     return out
