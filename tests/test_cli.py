@@ -264,7 +264,7 @@ class TestCleanFailures:
     @pytest.mark.parametrize("argv, message", [
         (["avg", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
         (["convert", "m.yaml", "--out", "afile/x.yaml"], "afile: cannot create the model's directory: a file is in the way of a directory"),
-        (["demo", "afile"], "afile: cannot make the output directory: File exists"),
+        (["demo", "afile"], "afile: cannot make the output directory: a file is in the way of a directory"),
         (["export", "xnmt", "m.yaml", "afile/out.mod"], "afile: cannot write the export: a file is in the way of a directory"),
         (["avg", "m.yaml", "--out", "/proc/xser-test/x.yaml"], "cannot create"),
     ])

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 from .errors import XserError
+from .storage.stores import LOCAL, is_url
 
 __all__: list[str] = []
 
@@ -196,3 +198,27 @@ def _add_storage_options(p: argparse.ArgumentParser) -> None:
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """The --storage-option pairs of a parsed command line (None when none was given)."""
     return getattr(args, "storage_options", None) or None
+
+
+def _default_config() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "configs", "demo.yaml"), os.path.join(os.path.dirname(here), "configs", "demo.yaml")):
+        if LOCAL.is_file(candidate):
+            return candidate
+    return os.path.join("configs", "demo.yaml")
+
+def _ranges(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ranges are first:count pairs separated by commas, got {text!r}") from None
+
+def _no_model_directories(args: argparse.Namespace) -> None:
+    """Every command's model argument: a directory of saved models, or a checkpoint directory, is refused with the
+    model file to give instead (a Hugging Face or RecIS directory passes to the command)."""
+    paths = ([args.model] if isinstance(getattr(args, "model", None), str) else []) + list(getattr(args, "models", None) or [])
+    if any(not is_url(p) and LOCAL.isdir(p) for p in paths):
+        from .tools.inspect import not_a_model_directory
+
+        for p in paths:
+            not_a_model_directory(p, checkpoint_option="checkpoint" in vars(args))

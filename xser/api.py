@@ -27,7 +27,7 @@ from .spec.saved import is_saved, open_saved
 from .storage import training_state
 from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, refuse_slot, selector
 from .storage.opened import CheckpointVanished, gather
-from .storage.stores import is_url, options, store_for
+from .storage.stores import options, store_for
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
@@ -352,7 +352,7 @@ def resume(
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
     with options(storage_options):
-        if not (store_for(path).exists(path) if is_url(path) else os.path.lexists(path)) and not checkpoints_exist(path):
+        if not store_for(path).exists(path) and not checkpoints_exist(path):
             return None
 
     def once() -> Resumed:

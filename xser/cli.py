@@ -12,19 +12,11 @@ import sys
 from collections.abc import Callable
 
 from ._version import __version__
-from ._cli_options import (_add_storage_options, _avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive,
+from ._cli_options import (_add_storage_options, _default_config, _no_model_directories, _ranges, _avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive,
                            _precision, _size, _storage_options, _weight_list, _which)
 from .errors import XserError
 
 __all__ = ["main"]
-
-
-def _default_config() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    for candidate in (os.path.join(here, "configs", "demo.yaml"), os.path.join(os.path.dirname(here), "configs", "demo.yaml")):
-        if os.path.isfile(candidate):
-            return candidate
-    return os.path.join("configs", "demo.yaml")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -248,13 +240,6 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
 
 
-def _ranges(text: str) -> list[tuple[int, int]]:
-    try:
-        return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(","))]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"ranges are first:count pairs separated by commas, got {text!r}") from None
-
-
 def _import_args(p: argparse.ArgumentParser) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", required=True)
     for name, source in (
@@ -369,17 +354,6 @@ def _described(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     sub.description = helps[name]
                 _described(sub)
     return p
-
-
-def _no_model_directories(args: argparse.Namespace) -> None:
-    """Every command's model argument: a directory of saved models, or a checkpoint directory, is refused with the
-    model file to give instead (a Hugging Face or RecIS directory passes to the command)."""
-    paths = ([args.model] if isinstance(getattr(args, "model", None), str) else []) + list(getattr(args, "models", None) or [])
-    if any(os.path.isdir(p) for p in paths):
-        from .tools.inspect import not_a_model_directory
-
-        for p in paths:
-            not_a_model_directory(p, checkpoint_option="checkpoint" in vars(args))
 
 
 def command_parser(name: str, prog: str) -> argparse.ArgumentParser:

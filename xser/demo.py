@@ -19,6 +19,8 @@ from collections.abc import Callable
 import numpy as np
 
 import xser
+from xser.storage.fsutil import makedirs_durable
+from xser.storage.stores import store_for
 
 __all__ = ["Classifier", "Linear", "SGD", "Standardize", "SyntheticData", "run"]
 
@@ -154,10 +156,7 @@ def accuracy(model: Classifier, x, y) -> float:
 
 
 def _bytes(path: str) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
-    return total
+    return sum(store_for(path).list(path).values())
 
 
 def log_loss(probs: np.ndarray, y) -> float:
@@ -191,7 +190,7 @@ def run(config: str, outdir: str, experiment: str | None = None, say: Callable[[
         raise xser.SpecError(f"no experiment {name!r} in {config} (has: {', '.join(experiments)})")
     outdir = os.path.abspath(outdir)
     try:
-        os.makedirs(outdir, exist_ok=True)
+        makedirs_durable(outdir, durable=False)
     except OSError as e:
         raise xser.CheckpointError(f"cannot make the output directory: {e.strerror or e}", xser.Location(e.filename or outdir)) from None
     exp = xser.build(experiments[name], placeholders={"OUT": outdir}, seed=0)

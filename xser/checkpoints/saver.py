@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,8 +19,8 @@ import attrs
 from ..errors import CheckpointError, Location
 from ..spec.saved import hand_edit
 from ..storage.commit import finish, new_id, remove_leftovers, stage
-from ..storage.stores import is_url, options, store_for
-from ..storage.fsutil import open_regular, os_error
+from ..storage.stores import LOCAL, is_url, options, store_for
+from ..storage.fsutil import os_error, refuse_special
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
 from ..storage.lock import ModelLock
@@ -62,13 +61,7 @@ def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, opt
 def refuse_special_spec(path: str) -> None:
     """A save writes the model's spec file at ``path`` (replacing it): a FIFO, socket, device or directory there (or
     named by a link there) is refused first."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return  # nothing there (or a dangling link): the save writes the file
-    if not stat.S_ISREG(st.st_mode):
-        with open_regular(path, "the spec", CheckpointError):
-            pass  # raises: the one refusal of special files, with its wording
+    refuse_special(path, "the spec", CheckpointError)
 
 
 @contextlib.contextmanager
@@ -159,7 +152,7 @@ def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, fo
         with scan(out, saver=True) as s:
             recover(out, s, durable=options.durable)
             old = [c.path for c, _ in s.listed]
-            if (os.path.exists(out) or old) and not force:
+            if (LOCAL.size(out) is not None or old) and not force:
                 raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
             edit = hand_edit(out, s.listed[0][1], [d for _, d in s.listed]) if s.listed else None
             model = new_id()

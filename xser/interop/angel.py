@@ -31,7 +31,7 @@ from ..storage.formats.angel_codec import (BY_CLASS, PACKAGE, PARTITIONS_PER_FIL
 from ..storage.formats.angel_text import readable_separator
 from ..storage.formats.angel_codec import row_type as angel_row_type
 from ..storage.formats.java_text import java_string
-from ..storage.replace import replaced_output
+from ..storage.replace import replaced_output, staged_file
 from ..storage.source import open_source
 from ..storage.stores import Store, store_for
 
@@ -180,7 +180,7 @@ def export_angel(
         with progress(w.nbytes, "exporting"):
             for fname, group in files.items():
                 offset = 0
-                with open(os.path.join(staging, fname), "wb") as fh:
+                with staged_file(os.path.join(staging, fname)) as fh:
                     for pid, (r0, r1, c0, c1) in group:
                         data, row_metas, save_cols, save_col_elems = encode_box(w, (r0, r1, c0, c1), format, vtype, long_ids, dense, sep)
                         fh.write(data)
@@ -204,7 +204,7 @@ def export_angel(
             "partMetas": {str(pid): metas[pid] for pid in sorted(metas)},
         }
         body = _jettison(meta).encode("utf-8")
-        with open(os.path.join(staging, "_meta"), "wb") as fh:
+        with staged_file(os.path.join(staging, "_meta")) as fh:
             fh.write(struct.pack(">i", len(body)) + body)
     written.append(store.join(target, "_meta"))
     return written

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import takes_storage_options, writes_files
 from ..storage.progress import advance, progress
-from ..storage.replace import replaced_outputs
+from ..storage.replace import replaced_outputs, staged_file
 from ..errors import DataError, Location, did_you_mean
 from ..model.params import fresh_name, params
 from ..model.registry import serializable
@@ -423,7 +423,7 @@ def export_dismec(
             data = {"DenseTXT": lambda: dense_text(rows, digits), "SparseTXT": lambda: sparse_text(rows, digits, culling),
                     "DenseNPY": lambda: dismec_npy(rows)}[format]()
             path = store.join(parent, fname)
-            with open(staged[len(written)], "wb") as f:
+            with staged_file(staged[len(written)]) as f:
                 f.write(data)
             written.append(path)
             advance(rows.nbytes)
@@ -434,7 +434,7 @@ def export_dismec(
             "num-features": features,
             "num-labels": extra.pop("num-labels", labels),
         }
-        with open(staged[-1], "w", encoding="utf-8") as f:
+        with staged_file(staged[-1], text=True) as f:
             f.write(json.dumps(meta, indent=4, sort_keys=True) + "\n")
     written.append(meta_out)
     return written

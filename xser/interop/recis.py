@@ -27,7 +27,7 @@ from ..model.serialize import subcols_by_path
 from ..model.tables import SEP
 from ..storage.dtypes import find, resolve
 from ..storage.listing import Best, selector
-from ..storage.replace import replaced_output
+from ..storage.replace import replaced_output, staged_file
 from ..storage.payloads import Lazy
 from ..storage.formats.safetensors import safetensors_tag
 from ..storage.recis_layout import INDEX, RANK_JSON, TENSORKEY, TORCH_NAMES, gen_slice, read_block, read_layout, slice_string, tensors
@@ -179,7 +179,7 @@ def export_recis(model: str | os.PathLike, out: str | os.PathLike, *, checkpoint
             total = sum(a.nbytes for t in tables.values() for a in t.values()) + sum(a.nbytes for a in dense.values())
             with progress(total, "exporting"):
                 for name, body in files.items():
-                    with open(os.path.join(staging, name), "wb") as f:
+                    with staged_file(os.path.join(staging, name)) as f:
                         for piece in [body] if isinstance(body, bytes) else body:
                             raw = piece if isinstance(piece, bytes) else np.ascontiguousarray(piece).astype(piece.dtype.newbyteorder("<"), copy=False).tobytes()
                             f.write(raw)

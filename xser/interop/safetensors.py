@@ -35,7 +35,7 @@ from ..storage.formats.safetensors import SAFETENSORS
 from ..storage.hf_layout import hf_files, hf_side_files, hf_tensors
 from ..storage.listing import Best, selector
 from ..storage.payloads import Lazy, Stream
-from ..storage.replace import replaced_output
+from ..storage.replace import replaced_output, staged_file
 from ..storage.source import open_source
 from ..storage.stores import Store, store_for
 
@@ -155,11 +155,11 @@ def export_safetensors(model: str | os.PathLike, out: str | os.PathLike, *, path
                         SAFETENSORS.write_bundle(os.path.join(staging, name), arrays, metadata)
                     for name, (s, n) in files.items():
                         raw = _reader(data, data.subcollections[s][n], verify)()
-                        with open(os.path.join(staging, name), "xb") as f:
+                        with staged_file(os.path.join(staging, name)) as f:
                             f.write(np.ascontiguousarray(raw).tobytes())
                 if sharded:
                     index = {"metadata": {"total_size": total}, "weight_map": {k: n for n, g in zip(names, groups) for k in g}}
-                    with open(os.path.join(staging, INDEX), "w", encoding="utf-8") as f:
+                    with staged_file(os.path.join(staging, INDEX), text=True) as f:
                         json.dump(index, f, indent=2)
                         f.write("\n")
             written = names + ([INDEX] if sharded else []) + sorted(files)

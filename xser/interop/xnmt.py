@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import refuse_existing, takes_storage_options, writes_files
-from ..storage.replace import replaced_outputs
+from ..storage.replace import replaced_outputs, staged_file
 from ..storage.progress import advance, progress
 from ..errors import DataError, Location
 from ..spec import Tagged, dump, iter_tagged, parse
@@ -187,7 +187,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
                             )
                     records = _records(sub, params, arrays, layout.get(sub))
                     body = write_dynet_text(records)
-                    with open(os.path.join(staging, sub), "wb") as f:
+                    with staged_file(os.path.join(staging, sub)) as f:
                         f.write(body)
                     written.append(store.join(target, sub))
                     advance(sum(a.nbytes for a in arrays.values()))
@@ -200,7 +200,7 @@ def export_xnmt(model: str | os.PathLike, out: str | os.PathLike, *, force: bool
                 if "xser_subcol_name" in node.args:
                     node.args = {("xnmt_subcol_name" if k == "xser_subcol_name" else k): v for k, v in node.args.items()}
             text = dump(tree, yaml11=True)  # XNMT reads it with PyYAML (YAML 1.1)
-        with open(staged[-1], "w", encoding="utf-8") as f:
+        with staged_file(staged[-1], text=True) as f:
             f.write(text)
     written.append(out)
     return written

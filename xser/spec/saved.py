@@ -161,13 +161,10 @@ def open_saved(path: str | os.PathLike, checkpoint: Any = 0, *, edits: bool = Tr
     try:
         data = open_checkpoint(path, checkpoint)
     except DataError:
-        if is_url(path):
-            if not store_for(path).exists(path):
-                read(path)  # no model and no spec file: the spec file's own error (file not found)
-            raise
-        if not os.path.lexists(path):
+        store = store_for(path)
+        if not store.exists(path):
             read(path)  # no model and no spec file: the spec file's own error (file not found)
-        if os.path.isfile(path) and not is_saved(read(path)):
+        if not is_url(path) and store.is_file(path) and not is_saved(read(path)):
             raise _not_saved(path) from None
         raise
     try:
@@ -292,11 +289,11 @@ def top_level_state(path: str, data: OpenedDir) -> str:
     directory in its place is a ``SpecError``."""
     if data.manifest.spec is None:
         return "no copy"
-    remote = is_url(path)
-    if not (store_for(path).exists(path) if remote else os.path.lexists(path)):
+    store = store_for(path)
+    if not store.exists(path):
         return "missing"
     text = _top_text(path)
-    if text is None and not remote and not os.path.isfile(path):
+    if text is None and not store.is_file(path):
         read_text(path)  # a FIFO, device or directory in its place: its SpecError (never opened for a read that could block)
     if text is None:
         return "unreadable"

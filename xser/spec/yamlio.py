@@ -20,8 +20,7 @@ from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from ..errors import DataError, Location, SpecError
-from ..storage.fsutil import open_regular
-from ..storage.stores import is_url, store_for
+from ..storage.stores import store_for
 
 __all__ = ["Doc", "Tagged", "children", "format_path", "iter_tagged", "parse", "read", "read_text", "rewrite_children"]
 
@@ -383,43 +382,22 @@ def read(path: str | os.PathLike) -> Doc:
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The text of a spec file: a regular file (a FIFO or device is refused, never waited on), at most
-    ``MAX_SPEC_BYTES``, UTF-8; every problem is a ``SpecError`` naming the file."""
+    """The text of a spec file (a local path or a URL): a regular file (a FIFO or device is refused, never waited on),
+    at most ``MAX_SPEC_BYTES``, UTF-8; every problem is a ``SpecError`` naming the file."""
     fname = os.fspath(path)
-    if is_url(fname):
-        return _read_remote_text(fname)
+    store = store_for(fname)
+    size = store.size(fname)
+    if size is None and not store.exists(fname):
+        raise SpecError("file not found", Location(fname))
+    if size is not None and size > MAX_SPEC_BYTES:
+        raise SpecError(f"file has {size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
     try:
-        f = open_regular(fname, "the spec", SpecError)
-    except FileNotFoundError:
-        raise SpecError("file not found", Location(fname)) from None
-    except OSError as e:
-        raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
+        raw = store.read_bytes(fname, "the spec", limit=MAX_SPEC_BYTES)
+    except DataError as e:
+        if e.message == "the spec not found":  # removed since it was looked at
+            raise SpecError("file not found", Location(fname)) from None
+        raise SpecError(e.message.replace("cannot read the spec:", "cannot read file:"), e.location) from None
     try:
-        with f:
-            st = os.fstat(f.fileno())
-            if st.st_size > MAX_SPEC_BYTES:
-                raise SpecError(f"file has {st.st_size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(fname))
-            raw = f.read(st.st_size)
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise SpecError(f"cannot read file: not UTF-8 ({e.reason} at byte {e.start})", Location(fname)) from None
-    except OSError as e:
-        raise SpecError(f"cannot read file: {e.strerror or e}", Location(fname)) from None
-
-
-def _read_remote_text(url: str) -> str:
-    """``read_text`` of a spec on an object store (its size checked before it is read)."""
-    store = store_for(url)
-    size = store.size(url)
-    if size is None:
-        raise SpecError("file not found", Location(url))
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(f"file has {size} bytes, more than the {MAX_SPEC_BYTES} a spec may have", Location(url))
-    try:
-        raw = store.read_bytes(url, "the spec", limit=MAX_SPEC_BYTES)
-    except DataError as e:
-        raise SpecError(e.message, Location(url)) from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SpecError(f"cannot read file: not UTF-8 ({e.reason} at byte {e.start})", Location(url)) from None

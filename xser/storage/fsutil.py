@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 from ..errors import DataError, Location
 
 __all__ = [
-    "O_READ", "file_size", "fsync_dir", "fsync_file", "makedirs_durable", "mappable", "open_regular", "os_error", "pread_into",
+    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "mappable", "open_regular", "os_error", "pread_into",
     "read_regular", "require_regular",
 ]
 
@@ -58,6 +58,18 @@ def open_regular(path: str, what: str, cls: type = DataError, *, dir_fd: int | N
     except BaseException:
         os.close(fd)
         raise
+
+
+def refuse_special(path: str, what: str, cls: type = DataError) -> None:
+    """Refuse a FIFO, socket, device or directory at ``path`` (or named by a link there) before it is replaced; nothing
+    there, a dangling link or a regular file is fine."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        with open_regular(path, what, cls):
+            pass  # raises: the one refusal of special files, with its wording
 
 
 def read_regular(path: str, what: str, *, limit: int | None = None) -> bytes:

@@ -211,3 +211,9 @@ def _upload(store: Any, staged: str, out: str, last: Sequence[str]) -> None:
 def _listed(store: Any, path: str) -> str:
     """``path`` as ``store.list`` names it (the same for every store that lists whole paths)."""
     return path
+
+
+def staged_file(path: str, *, text: bool = False) -> Any:
+    """A new file at ``path`` inside a staging directory that ``replaced_output(s)`` gave (binary, or UTF-8 text):
+    the one way exporters write, so every byte of an export goes through the storage layer."""
+    return open(path, "w", encoding="utf-8") if text else open(path, "wb")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 

@@ -19,7 +19,6 @@ Reading checks every line: the right number of values (dense), indices in range 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 

@@ -113,6 +113,10 @@ class LocalStore:
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
 
+    def is_file(self, path: str) -> bool:
+        """A regular file (following links), as ``os.path.isfile``."""
+        return os.path.isfile(path)
+
     def list(self, prefix: str) -> dict[str, int]:
         out: dict[str, int] = {}
         if os.path.isfile(prefix):

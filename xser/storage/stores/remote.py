@@ -281,6 +281,10 @@ class FsspecStore:
             return False
         return True
 
+    def is_file(self, path: str) -> bool:
+        """An object at ``path`` (every object is a file)."""
+        return self.size(path) is not None
+
     def isdir(self, path: str) -> bool:
         try:
             return bool(self._call("list", path, self.fs.isdir, self._path(path)))
