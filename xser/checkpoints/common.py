@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,10 +11,13 @@ import attrs
 
 from ..errors import CheckpointError, Location
 from ..storage.listing import Checkpoint
+from ..storage.commit import new_id
 from ..storage.manifest import ParamEntry
 from .snapshot import Snapshot, growing
 
-__all__ = ["SaveOptions", "SaveReport", "check_against", "disk_structure", "same_bytes", "same_meta"]
+_log = logging.getLogger("xser")
+
+__all__ = ["SaveOptions", "SaveReport", "before_writing", "check_against", "disk_structure", "same_bytes", "same_meta"]
 
 
 def _mapping(value: Any) -> dict:
@@ -129,3 +133,26 @@ def same_bytes(snap: Snapshot, previous: Any) -> bool:
             if block.checksum != ("xxh3_64", digest) or block.bytes != size:
                 return False  # usually the first array already differs: cheap
     return True
+
+
+def before_writing(
+    path: str, snap: Snapshot, options: SaveOptions, existing: list[tuple[Checkpoint, Any]], *, replaced: Any,
+    policy: Any, restart: bool, check_all: bool, skip_duplicates: bool,
+) -> tuple[Any, str, bool]:
+    """What every save decides before it writes, on any store: the model must match the checkpoints it keeps
+    (``replaced(checkpoint)``: the one ``xser.save`` replaces, which need not), the previous checkpoint (link
+    candidates; None on ``restart``), the model id, and whether the save brings nothing new (``skip_duplicates``).
+    Returns (previous, model id, skip)."""
+    if not restart:
+        if policy is None:  # xser.save replaces the newest; every other checkpoint stays and must match
+            check_against(path, snap, [(c, d) for c, d in existing if not replaced(c)], len(existing), "xser.CheckpointSaver")
+        else:
+            check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
+    previous = existing[0][1] if existing and not restart else None
+    model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
+    skip = bool(skip_duplicates and previous is not None and same_meta(snap, previous) and not options.blocks
+                and not snap.formats and disk_structure(previous.subcollections) == snap.structure
+                and same_bytes(snap, previous))
+    if skip:
+        _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
+    return previous, model, skip

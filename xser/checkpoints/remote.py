@@ -19,7 +19,7 @@ from ..storage.objects.commit import RemoteScan, clean_up, commit, entry_of, ent
 from ..storage.plan import plan_save
 from ..storage.stores import store_for
 from ..storage.write import write
-from .common import SaveOptions, SaveReport, check_against, disk_structure, same_bytes, same_meta
+from .common import SaveOptions, SaveReport, before_writing
 from .policy import Policy, retain
 from .snapshot import Snapshot
 
@@ -39,17 +39,11 @@ def save_remote(
         assert isinstance(s, RemoteScan)
         existing = s.listed
         edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
-        if not restart:
-            if policy is None:
-                check_against(path, snap, existing[1:], len(existing), "xser.CheckpointSaver")
-            else:
-                check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
-        previous = existing[0][1] if existing and not restart else None
-        model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
-        if skip_duplicates and previous is not None and same_meta(snap, previous) and not options.blocks and not snap.formats:
-            if disk_structure(previous.subcollections) == snap.structure and same_bytes(snap, previous):
-                _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
-                return SaveReport(True, None)
+        newest = existing[0][0] if existing else None
+        previous, model, skip = before_writing(path, snap, options, existing, replaced=lambda c: c is newest, policy=policy,
+                                               restart=restart, check_all=check_all, skip_duplicates=skip_duplicates)
+        if skip:
+            return SaveReport(True, None)
         seq = s.seq + 1
         with stage_remote(store, path, seq, new_id()) as staging:
             _write_remote(staging, snap, options, previous, model)

@@ -26,7 +26,7 @@ from ..storage.listing import Checkpoint, scan
 from ..storage.lock import ModelLock
 from ..storage.plan import plan_save
 from ..storage.write import write
-from .common import SaveOptions, SaveReport, check_against, disk_structure, same_bytes, same_meta
+from .common import SaveOptions, SaveReport, before_writing
 from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote, write_new_model_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
@@ -92,19 +92,12 @@ def save_locked(
         aside = recover(path, s, durable=options.durable)
         existing = s.listed
         edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
-        if not restart:
-            if policy is None:  # xser.save replaces slot 0; every other checkpoint stays and must match
-                newest = data_dir_of(path, 0)
-                against = [(c, d) for c, d in existing if os.path.abspath(c.path) != os.path.abspath(newest)]
-                check_against(path, snap, against, len(existing), "xser.CheckpointSaver")
-            else:
-                check_against(path, snap, existing if check_all else existing[:1], len(existing), "CheckpointSaver")
-        previous = existing[0][1] if existing and not restart else None
-        model = previous.manifest.model if previous is not None and previous.manifest.model else new_id()
-        if skip_duplicates and previous is not None and same_meta(snap, previous) and not options.blocks and not snap.formats:
-            if disk_structure(previous.subcollections) == snap.structure and same_bytes(snap, previous):
-                _log.info("%s: arrays equal the newest checkpoint %s; save skipped", path, previous.path)
-                return SaveReport(True, None, set_aside=aside)
+        newest = os.path.abspath(data_dir_of(path, 0))
+        previous, model, skip = before_writing(
+            path, snap, options, existing, replaced=lambda c: os.path.abspath(c.path) == newest, policy=policy,
+            restart=restart, check_all=check_all, skip_duplicates=skip_duplicates)
+        if skip:
+            return SaveReport(True, None, set_aside=aside)
         with contextlib.ExitStack() as stack:
             staging = _stage_and_write(stack, path, snap, options, previous, model)
             _clear_spec(path, snap.spec_text, edit, options.durable)

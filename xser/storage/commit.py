@@ -23,13 +23,14 @@ from typing import Any
 
 import attrs
 
-from ..errors import DataError, Location
+from ..errors import DataError, Location, StorageError
 from .fsutil import fsync_dir, makedirs_durable, os_error
 from .dirhandle import O_DIR
 from .layout import OLD_MARK, leftovers, temp_name
 from .lock import claim
 from .manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
 from .plan import Plan
+from .stores.local import LOCAL
 from .write import READ_ONLY, WriteResult
 
 __all__ = [
@@ -239,25 +240,12 @@ def discard(path: str) -> bool:
 
 
 def write_text_atomic(path: str, text: str, *, durable: bool = True) -> None:
-    """Write a small text file by temporary file + ``os.replace`` (+ fsync of file and parent)."""
-    parent = os.path.dirname(os.path.abspath(path))
-    tmp = temp_name(path)
+    """Write a small text file by temporary file + ``os.replace`` (+ fsync of file and parent): ``LocalStore.put``,
+    its failures as ``DataError``s."""
     try:
-        makedirs_durable(parent, durable=durable)
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(parent)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise DataError(f"cannot write file: {e.strerror or e}", Location(e.filename or path)) from None
+        LOCAL.put(path, text.encode("utf-8"), durable=durable)
+    except StorageError as e:
+        raise DataError(e.message, e.location) from None
 
 
 def keep_aside(path: str, mark: str, *, durable: bool = True) -> str:
