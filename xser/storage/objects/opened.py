@@ -4,24 +4,33 @@ Every object of a checkpoint is immutable (written once under the checkpoint's o
 reader never sees a mix: what it reads is either the checkpoint's bytes or missing. Missing means a
 saver dropped the checkpoint meanwhile (rotation deletes the objects of dropped checkpoints after the
 commit record that drops them): ``CheckpointVanished``, and the caller starts over from the newest
-commit record. Nothing is mapped: ``mmap=True`` reads (there is no local file to map), and row reads
-are ranged GETs of the rows' bytes.
+commit record. Row reads are ranged GETs of the rows' bytes. ``mmap=True`` streams each whole ``.npy``
+file to the local temporary directory and maps that copy (unlinked at once: the disk space lives as long
+as the array), so a large model loads without holding its bytes in memory.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 from typing import Any
+
+import numpy as np
 
 from ...errors import DataError, Location
 from ..checksums import digest_bytes
 from ..checksums import verify as check_digest
 from ..dirhandle import CheckpointVanished, MissingDir
-from ..manifest import MANIFEST, Manifest, parse_manifest
+from ..formats import get_format
+from ..manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from ..opened import MAX_MANIFEST, OpenedDir
 from ..stores.base import ReadFile, Store
 
-__all__ = ["RemoteDir"]
+__all__ = ["COPY_CHUNK", "RemoteDir"]
+
+COPY_CHUNK = 8 << 20  # bytes per ranged GET when an array file is copied to be mapped (mmap=True)
 
 
 class RemoteDir(OpenedDir):
@@ -81,7 +90,26 @@ class RemoteDir(OpenedDir):
         return self.store.size(self.where(MANIFEST)) is None
 
     def _map_npy(self, entry: Any) -> None:
-        return None  # nothing to map on an object store
+        return None  # nothing to map on an object store (``_read_block`` maps a local copy)
+
+    def _read_block(self, entry: ParamEntry, block: Block, rows: tuple[int, int] | None, *, mmap: bool, verify: bool) -> np.ndarray:
+        if not (mmap and rows is None and block.format == "npy" and block.key is None and block.offset is None):
+            return super()._read_block(entry, block, rows, mmap=mmap, verify=verify)
+        where = self.where(block.file)
+        fd, local = tempfile.mkstemp(prefix="xser-map-", suffix=".npy")
+        try:
+            with os.fdopen(fd, "w+b") as copy:
+                with self.open_file(block.file) as src:
+                    shutil.copyfileobj(src, copy, COPY_CHUNK)  # type: ignore[misc]
+                copy.flush()
+                os.unlink(local)  # the mapping keeps the copy; nothing is left behind
+                copy.seek(0)
+                _, bshape = block.box(entry.shape)
+                return get_format("npy").read(copy, where, entry.dtype, bshape, block.bytes, mmap=True,
+                                              verify=block.checksum if verify else None)
+        finally:
+            if os.path.lexists(local):
+                os.unlink(local)
 
     def close(self) -> None:
         held = self.__dict__.pop("_containers", {})
