@@ -17,6 +17,7 @@ never imports them). URLs go in and come out whole, as the caller spelled them. 
 from __future__ import annotations
 
 import builtins
+import os
 import random
 import threading
 import time
@@ -45,6 +46,17 @@ _BUCKETS = {"s3", "s3a", "gs", "gcs"}
 
 _STORES: dict[Any, FsspecStore] = {}
 _STORES_LOCK = threading.Lock()
+
+
+def _forget_stores() -> None:
+    """In a forked child: the parent's filesystems are bound to its event loop thread (s3fs: "not fork-safe")."""
+    global _STORES_LOCK
+    _STORES_LOCK = threading.Lock()
+    _STORES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_stores)
 #: memory:// is one dict per process: create_only checks and writes under this lock
 _MEMORY_LOCK = threading.Lock()
 
