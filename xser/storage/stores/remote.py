@@ -47,16 +47,8 @@ _BUCKETS = {"s3", "s3a", "gs", "gcs"}
 _STORES: dict[Any, FsspecStore] = {}
 _STORES_LOCK = threading.Lock()
 
-
-def _forget_stores() -> None:
-    """In a forked child: the parent's filesystems are bound to its event loop thread (s3fs: "not fork-safe")."""
-    global _STORES_LOCK
-    _STORES_LOCK = threading.Lock()
-    _STORES.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_stores)
+if hasattr(os, "register_at_fork"):  # a forked child makes its own stores: s3fs filesystems belong to one process
+    os.register_at_fork(after_in_child=_STORES.clear)
 #: memory:// is one dict per process: create_only checks and writes under this lock
 _MEMORY_LOCK = threading.Lock()
 
