@@ -310,3 +310,95 @@ class TestTrajectory:
         out = remote.url("curve.png")
         assert plot(trajectory(local), out, storage_options=remote.options) == out
         assert store_for(out, remote.options).read_bytes(out, "png")[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- the command line, in process (memory:// is per process)
+
+
+def so_args(options):
+    """--storage-option KEY=VALUE pairs for ``options`` (values as JSON)."""
+    return [a for k, v in options.items() for a in ("--storage-option", f"{k}={json.dumps(v)}")]
+
+
+class TestCli:
+    def test_avg_remote_to_local_and_back(self, remote, tmp_path, capsys):
+        from xser.cli import main
+
+        local, url = str(tmp_path / "m.yaml"), remote.url("run/m.yaml")
+        twin_runs(local, url, remote.options, n=5)
+        average(local, tmp_path / "want.yaml", last=5)
+        assert main(["avg", url, "--last", "5", "--out", str(tmp_path / "avg.yaml"), *so_args(remote.options)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"averaged 5 checkpoints of {url}: 00000000000000000005-") and f"wrote {tmp_path / 'avg.yaml'}" in out
+        assert same_bits(tensors(str(tmp_path / "avg.yaml")), tensors(str(tmp_path / "want.yaml")))
+        back = remote.url("avg.yaml")
+        assert main(["avg", local, "--last", "5", "--out", back, *so_args(remote.options)]) == 0
+        assert same_bits(tensors(back, remote.options), tensors(str(tmp_path / "want.yaml")))
+
+    def test_convert_ensemble_inspect(self, remote, tmp_path, capsys):
+        from xser.cli import main
+
+        url = remote.url("m.yaml")
+        lin = Linear(3, 2)
+        lin.W[...] = 4.0
+        with xser.CheckpointSaver(url, keep=3, storage_options=remote.options) as s:
+            for i in range(2):
+                s.save(lin, step=i)
+        so = so_args(remote.options)
+        assert main(["convert", url, "--out", remote.url("c.yaml"), "--checkpoint", "1", *so]) == 0
+        assert main(["convert", url, "--out", str(tmp_path / "all.yaml"), "--all", *so]) == 0
+        assert main(["ensemble", remote.url("c.yaml"), str(tmp_path / "all.0.yaml"), "--out", remote.url("e.yaml"), *so]) == 0
+        ens = xser.load(remote.url("e.yaml"), storage_options=remote.options)
+        assert [float(m.W[0, 0]) for m in ens.members] == [4.0, 4.0]
+        capsys.readouterr()
+        assert main(["inspect", url, "--verify", *so]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert f"  commit record 2 ({url}.data/commits/00000000000000000002.json)" in out
+        assert sum(x.startswith("verified checkpoint ") for x in out) == 2
+        assert main(["inspect", url, "--json", *so]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["model"] == url and report["remote"]["commit"] == 2 and len(report["remote"]["checkpoints"]) == 2
+        assert [c["directory"] for c in report["checkpoints"]] == [p.rstrip("/").rsplit("/", 1)[1] for p in report["remote"]["checkpoints"]]
+
+    def test_a_remote_data_prefix_given_for_the_model(self, remote, capsys):
+        from xser.cli import main
+
+        url = remote.url("m.yaml")
+        xser.save(Linear(3, 2), url, storage_options=remote.options)
+        capsys.readouterr()
+        assert main(["avg", url + ".data", "--out", remote.url("a.yaml"), *so_args(remote.options)]) == 1
+        assert capsys.readouterr().err == (f"error: {url}.data: the data prefix of the model {url}; give the model's file "
+                                           f"instead: {url}\n")
+
+
+USAGE = "argument --storage-option: expected KEY=VALUE (e.g. anon=true, endpoint_url=http://localhost:5000), got "
+
+
+@pytest.mark.parametrize("command", [
+    ["avg", "memory://x/m.yaml", "--out", "memory://x/a.yaml"],
+    ["convert", "memory://x/m.yaml", "--out", "memory://x/c.yaml"],
+    ["ensemble", "memory://x/m.yaml", "--out", "memory://x/e.yaml"],
+    ["inspect", "memory://x/m.yaml"],
+])
+@pytest.mark.parametrize("options, message", [
+    (["endpoint"], USAGE + "'endpoint'"),
+    (["=1"], USAGE + "'=1'"),
+    ([" anon=true"], USAGE + "' anon=true'"),
+    (["anon=true", "anon=false"], "--storage-option anon is given twice"),
+])
+def test_a_bad_storage_option_is_a_usage_error(command, options, message, capsys):
+    from xser.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(command + [a for o in options for a in ("--storage-option", o)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"xser {command[0]}: error: {message}"
+
+
+def test_an_option_the_filesystem_refuses_is_an_error_naming_the_url(s3_url, capsys):
+    from xser.cli import main
+
+    prefix, _ = s3_url
+    assert main(["inspect", f"{prefix}/m.yaml", "--storage-option", "bogus=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {prefix}/m.yaml: ") and "bogus" in err

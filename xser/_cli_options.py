@@ -217,8 +217,9 @@ def _no_model_directories(args: argparse.Namespace) -> None:
     """Every command's model argument: a directory of saved models, or a checkpoint directory, is refused with the
     model file to give instead (a Hugging Face or RecIS directory passes to the command)."""
     paths = ([args.model] if isinstance(getattr(args, "model", None), str) else []) + list(getattr(args, "models", None) or [])
-    if any(not is_url(p) and LOCAL.isdir(p) for p in paths):
+    if any(is_url(p) or LOCAL.isdir(p) for p in paths):
         from .tools.inspect import not_a_model_directory
 
-        for p in paths:
-            not_a_model_directory(p, checkpoint_option="checkpoint" in vars(args))
+        for p in paths:  # a URL's prefix is asked of its store (with the command's --storage-option)
+            not_a_model_directory(p, checkpoint_option="checkpoint" in vars(args),
+                                  storage_options=_storage_options(args) if is_url(p) else None)

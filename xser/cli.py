@@ -30,23 +30,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .errors import CheckpointError, Location
     from .tools.inspect import foreign_kind, json_text, open_model, tensor_lines, verify_model
 
-    kind = foreign_kind(args.model)
+    so = _storage_options(args)
+    kind = foreign_kind(args.model, storage_options=so)
     if kind is not None:  # not an xser model: its tensors, by name
         for given, opt in ((args.json, "--json"), (args.plot, "--plot"), (args.verify, "--verify"), (args.checkpoint is not None, "--checkpoint")):
             if given:
                 raise CheckpointError(f"{opt} reads saved xser models (MODEL.yaml); this is a {kind} model, whose tensors "
                                       "inspect lists without it", Location(args.model))
-        print("\n".join(tensor_lines(args.model)))
+        print("\n".join(tensor_lines(args.model, storage_options=so)))
         return 0
     checkpoint = 0 if args.checkpoint is None else args.checkpoint
     if args.json or args.plot:
         from .tools.trajectory import plot, trajectory
 
-        report = trajectory(args.model, verify=args.verify)
+        report = trajectory(args.model, verify=args.verify, storage_options=so)
         if args.plot:
-            plot(report, args.plot)
+            plot(report, args.plot, storage_options=so)
         if args.json:
-            view = open_model(args.model, checkpoint)
+            view = open_model(args.model, checkpoint, storage_options=so)
             try:
                 contents = view.as_json()
             finally:
@@ -55,14 +56,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             return 0
         print(f"wrote {args.plot}: metrics over steps and each checkpoint's relative L2 distance to the newest")
         return 0
-    view = open_model(args.model, checkpoint)
+    view = open_model(args.model, checkpoint, storage_options=so)
     try:
         print("\n".join(view.lines()))
     finally:
         view.data.close()
     if args.verify:
         print("")
-        for line in verify_model(args.model):
+        for line in verify_model(args.model, storage_options=so):
             print(f"verified {line}")
     return 0
 
@@ -73,7 +74,7 @@ def cmd_avg(args: argparse.Namespace) -> int:
     report = average(  # a progress bar on a terminal (storage.progress), as every long operation has
         args.model, args.out, last=args.last, checkpoints=args.checkpoints, best=args.best, metric=args.metric,
         mode=args.mode or "max", weights=args.weights, accumulate=args.accumulate, force=args.force,
-        verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots,
+        verify=not args.no_verify, missing=args.missing, drop_slots=args.drop_slots, storage_options=_storage_options(args),
     )
     used = ", ".join(
         f"{os.path.basename(c.path)} (step {c.step if c.step is not None else '-'}, weight {w:g})"
@@ -92,7 +93,8 @@ def cmd_avg(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from .tools.convert import convert, convert_all
 
-    kw = dict(keep_training_state=args.keep_training_state, force=args.force, verify=not args.no_verify)
+    kw = dict(keep_training_state=args.keep_training_state, force=args.force, verify=not args.no_verify,
+              storage_options=_storage_options(args))
     reports = convert_all(args.model, args.out, **kw) if args.all else [convert(args.model, args.out, checkpoint=args.checkpoint, **kw)]
     for r in reports:
         print(f"{os.path.basename(r.source)} -> {r.out} ({len(r.renamed)} subcollections renamed)")
@@ -103,7 +105,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     from .tools.ensemble import ensemble
 
     r = ensemble(args.models, args.out, rename=args.rename, path=args.path, name=args.name, force=args.force,
-                 verify=not args.no_verify)
+                 verify=not args.no_verify, storage_options=_storage_options(args))
     print(f"wrote {r.out}: an !Ensemble of {len(r.members)} members")
     for (i, old), new in sorted(r.renamed.items()):
         print(f"  member {i}: {old} renamed to {new}")
@@ -196,6 +198,7 @@ def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="per checkpoint: step, time, metrics and the relative L2 distance of its weights to the newest, as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="draw the metrics over steps and those distances (needs matplotlib: xser[plot])")
+    _add_storage_options(p)
     _checked(p, _inspect_usage)
 
 
@@ -216,6 +219,7 @@ def _avg_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-slots", action="store_true", help="hash tables: leave the optimizer slots out of the average")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
+    _add_storage_options(p)
     _checked(p, _avg_usage)
 
 
@@ -228,6 +232,7 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-training-state", action="store_true", help="keep the checkpoint's training_state (dropped by default)")
     p.add_argument("--force", action="store_true", help="replace outputs that exist")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
+    _add_storage_options(p)
 
 
 def _ensemble_args(p: argparse.ArgumentParser) -> None:
@@ -238,6 +243,7 @@ def _ensemble_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="the ensemble's experiment name (default: OUT's file name without .yaml)")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--no-verify", action="store_true", help="skip checking the inputs' checksums (they are checked by default)")
+    _add_storage_options(p)
 
 
 def _import_args(p: argparse.ArgumentParser) -> None:
