@@ -402,3 +402,129 @@ def test_an_option_the_filesystem_refuses_is_an_error_naming_the_url(s3_url, cap
     assert main(["inspect", f"{prefix}/m.yaml", "--storage-option", "bogus=1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {prefix}/m.yaml: ") and "bogus" in err
+
+
+# ---------------------------------------------------------------- PartialSaver on an object store
+
+KILLED_WORKER = r"""
+import json, os, signal, sys
+import numpy as np, xser
+from components import Linear
+from xser.storage.stores.remote import FsspecStore
+url, options = sys.argv[1], json.loads(sys.argv[2])
+lin = Linear(4, 10)
+full = np.arange(40, dtype=np.float32).reshape(10, 4)
+ps = xser.PartialSaver(url, lin, storage_options=options)
+key = f"{xser.params(lin).name}/W"
+ps.write_rows(key, 0, full[0:3])
+def die(op, u):
+    if op == "write" and u.endswith("W@3-6.block.json"):  # the block object is uploaded, its note never is
+        os.kill(os.getpid(), signal.SIGKILL)
+FsspecStore.on_request = staticmethod(die)
+ps.write_rows(key, 3, full[3:6])
+"""
+
+
+class TestPartialSaver:
+    def test_blocks_workers_and_finalize(self, remote, monkeypatch):
+        """Blocks are objects under the .data.partial prefix; another worker joins; finalize copies the blocks on the
+        server into one committed checkpoint and removes the prefix."""
+        url = remote.url("m.yaml")
+        lin = Linear(4, 10)
+        full = np.arange(40, dtype=np.float32).reshape(10, 4)
+        key = f"{xser.params(lin).name}/W"
+        ps = xser.PartialSaver(url, lin, storage_options=remote.options)
+        assert ps.write_rows(key, 6, full[6:10]) == f"{url}.data.partial/{key}@6-10.npy"
+        w = xser.PartialSaver.join(url, worker="w2", storage_options=remote.options)
+        w.write_rows(key, 0, full[0:6])
+        with pytest.raises(DataError) as e:
+            w.write_rows(key, 5, full[5:7])
+        assert e.value.message == "rows (5, 7) overlap the block (0, 6) written by w2"
+        assert ps.missing() == {} and [n["worker"] for n in ps.written()[key]] == ["w2", ps.worker]
+        ops = []
+        monkeypatch.setattr(FsspecStore, "on_request", staticmethod(lambda op, u: ops.append((op, u))))
+        ps.finalize(training={"labels": 10})
+        monkeypatch.setattr(FsspecStore, "on_request", None)
+        assert sorted(op for op, u in ops if "@" in u and u.endswith(".npy") and ".data.partial/" not in u) == ["copy", "copy"]
+        m = xser.load(url, verify=True, storage_options=remote.options)
+        assert np.array_equal(m.W, full) and np.array_equal(m.b, lin.b)
+        assert xser.checkpoints(url, storage_options=remote.options)[0].training == {"labels": 10}
+        assert store_for(url, remote.options).list(url + ".data.partial") == {}
+
+    def test_a_rerun_resumes_with_new_names(self, remote):
+        """The script run again builds its object afresh (new subcollection names): matched by place and class."""
+        url = remote.url("m.yaml")
+        full = np.arange(40, dtype=np.float32).reshape(10, 4)
+        first = Linear(4, 10)
+        xser.PartialSaver(url, first, storage_options=remote.options).write_rows(f"{xser.params(first).name}/W", 0, full[:4])
+        again = Linear(4, 10)
+        key = f"{xser.params(again).name}/W"
+        ps = xser.PartialSaver(url, again, storage_options=remote.options)
+        assert ps.missing() == {key: [(4, 10)]}
+        with pytest.raises(DataError) as e:
+            ps.finalize()
+        assert e.value.message == f"cannot finalize: {key}: rows 4-9 are missing"
+        ps.write_rows(key, 4, full[4:])
+        ps.finalize()
+        assert np.array_equal(xser.load(url, storage_options=remote.options).W, full)
+
+    def test_resume_after_a_kill_in_process(self, remote, monkeypatch):
+        """A block object uploaded without its note does not count; writing the rows again replaces it."""
+        url = remote.url("m.yaml")
+        lin = Linear(4, 10)
+        full = np.arange(40, dtype=np.float32).reshape(10, 4)
+        key = f"{xser.params(lin).name}/W"
+        ps = xser.PartialSaver(url, lin, storage_options=remote.options)
+        ps.write_rows(key, 0, full[:5])
+
+        def boom(op, u):
+            if op == "write" and u.endswith(".block.json"):
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(FsspecStore, "on_request", staticmethod(boom))
+        with pytest.raises(KeyboardInterrupt):
+            ps.write_rows(key, 5, full[5:] + 100)
+        monkeypatch.setattr(FsspecStore, "on_request", None)
+        ps = xser.PartialSaver(url, lin, storage_options=remote.options)
+        assert ps.missing() == {key: [(5, 10)]}
+        ps.write_rows(key, 5, full[5:])
+        ps.finalize()
+        assert np.array_equal(xser.load(url, verify=True, storage_options=remote.options).W, full)
+
+    def test_notes_of_a_finished_run_are_ignored(self, remote):
+        """A finalize killed after deleting the layout leaves notes of its run: a new partial save does not count them."""
+        url = remote.url("m.yaml")
+        lin = Linear(4, 10)
+        full = np.arange(40, dtype=np.float32).reshape(10, 4)
+        key = f"{xser.params(lin).name}/W"
+        xser.PartialSaver(url, lin, storage_options=remote.options).write_rows(key, 0, full[:5])
+        store_for(url, remote.options).delete([url + ".data.partial/layout.json"])  # as a killed finalize leaves it
+        ps = xser.PartialSaver(url, lin, storage_options=remote.options)
+        assert ps.missing() == {} and ps.written() == {}
+        ps.write_rows(key, 0, full[:10])
+        ps.finalize()
+        assert np.array_equal(xser.load(url, storage_options=remote.options).W, full)
+
+    def test_resume_after_sigkill_on_s3(self, s3_url, tmp_path):
+        """A worker process killed between a block's upload and its note: a new PartialSaver resumes the rest."""
+        import subprocess
+        import sys
+
+        prefix, options = s3_url
+        url = f"{prefix}/run/m.yaml"
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), here])}
+        proc = subprocess.run([sys.executable, "-c", KILLED_WORKER, url, json.dumps(options)], env=env, capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()
+        store = store_for(url, options)
+        names = sorted(k.rsplit("/", 1)[1] for k in store.list(url + ".data.partial"))
+        assert names == ["W@0-3.block.json", "W@0-3.npy", "W@3-6.npy", "layout.json"]
+        lin = Linear(4, 10)
+        key = f"{xser.params(lin).name}/W"
+        full = np.arange(40, dtype=np.float32).reshape(10, 4)
+        ps = xser.PartialSaver(url, lin, storage_options=options)
+        assert ps.missing() == {key: [(3, 10)]}
+        ps.write_rows(key, 3, full[3:])
+        ps.finalize()
+        assert np.array_equal(xser.load(url, verify=True, storage_options=options).W, full)
+        assert store.list(url + ".data.partial") == {}

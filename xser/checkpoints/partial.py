@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -30,6 +31,9 @@ from ..storage.fsutil import fsync_dir, makedirs_durable, open_regular
 from ..storage.layout import data_dir_of
 from ..storage.opened import DirHandle
 from ..storage.payloads import FromFile, FromFiles
+from ..storage.stores import is_url, store_for
+from ..storage.stores import options as storage_context
+from .partial_remote import RemoteStagingArea
 
 __all__ = ["PartialSaver"]
 
@@ -39,15 +43,17 @@ MAX_LAYOUT = 64 << 20  # bytes of layout.json read at most
 MAX_NOTE = 1 << 16
 
 
-def _note(path: str) -> dict:
-    """A block's note, checked: ``{"first", "count", "file", "bytes", "xxh3_64", "worker"}``."""
+def _note(path: str, note: Any = None) -> dict:
+    """A block's note (read from ``path``, or ``note`` as read from an object store), checked: ``{"first", "count",
+    "file", "bytes", "xxh3_64", "worker"}``."""
     try:
-        with open_regular(path, "a block note") as f:
-            note = json.loads(f.read(MAX_NOTE))
+        if note is None:
+            with open_regular(path, "a block note") as f:
+                note = json.loads(f.read(MAX_NOTE))
         ok = isinstance(note, dict) and all(type(note.get(k)) is int and note[k] >= 0 for k in ("first", "count", "bytes"))
         if not ok or not all(isinstance(note.get(k), str) for k in ("file", "xxh3_64", "worker")) or note["count"] < 1:
             raise ValueError(f"not a block note: {str(note)[:200]}")
-        if note["file"] != os.path.basename(path)[: -len(".block.json")] + ".npy":
+        if note["file"] != path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1][: -len(".block.json")] + ".npy":
             raise ValueError(f"the note names file {note['file']!r}")
     except (OSError, ValueError) as e:
         raise DataError(f"unreadable block note: {e}", Location(path)) from None
@@ -115,15 +121,28 @@ class PartialSaver:
     other processes pass such an object too, or join without one: ``PartialSaver.join(path)``.
     One process that holds the object calls ``finalize``; parameters that never got a block are saved
     whole from ``obj`` then.
+
+    ``path`` may be a URL (``storage_options`` for its filesystem): the blocks are then immutable objects under
+    the ``.data.partial/`` prefix and ``finalize`` commits like a save on that store (``partial_remote``).
     """
 
-    def __init__(self, path: str | os.PathLike, obj: Any = None, *, worker: str | None = None, durable: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, obj: Any = None, *, worker: str | None = None, durable: bool = True,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.path = os.fspath(path)
         self.obj = obj
         self.durable = durable
         self.worker = worker or f"{socket.gethostname()}-{os.getpid()}"
         self.staging = self.path + ".data.partial"
         self._names: dict[str, str] = {}  # this object's subcollection name -> the partial save's (where they differ)
+        self._options = storage_options
+        self._area: RemoteStagingArea | None = None
+        with storage_context(storage_options):
+            if is_url(self.path):
+                self._area = RemoteStagingArea(store_for(self.path), self.staging)
+            self._start(obj)
+
+    def _start(self, obj: Any) -> None:
+        durable = self.durable
         recorded, components = self._read_layout()
         if obj is None:
             if recorded is None:
@@ -136,13 +155,18 @@ class PartialSaver:
         if recorded is not None:
             self._resume(mine, recorded, components)
             return
+        layout = {"version": 2, "subcollections": {
+            n: {"path": c.path, "class": c.cls, "params": {p: {"shape": list(shape), "dtype": dt} for p, shape, dt in c.params}}
+            for n, c in mine.items()}}
+        if self._area is not None:
+            if not self._area.create_layout(LAYOUT, layout):  # another process started it meanwhile: resume it
+                recorded, components = self._read_layout()
+                self._resume(mine, recorded, components)  # type: ignore[arg-type]
+            return
         try:
             makedirs_durable(self.staging, durable=durable)
             for key in self.decls:
                 os.makedirs(os.path.join(self.staging, key.split("/")[0]), exist_ok=True)
-            layout = {"version": 2, "subcollections": {
-                n: {"path": c.path, "class": c.cls, "params": {p: {"shape": list(shape), "dtype": dt} for p, shape, dt in c.params}}
-                for n, c in mine.items()}}
             write_text_atomic(os.path.join(self.staging, LAYOUT), json.dumps(layout) + "\n", durable=durable)
         except OSError as e:
             raise DataError(f"cannot start a partial save: {e.strerror or e}", Location(self.staging)) from None
@@ -164,16 +188,24 @@ class PartialSaver:
         self.decls = recorded
 
     @classmethod
-    def join(cls, path: str | os.PathLike, *, worker: str | None = None, durable: bool = True) -> PartialSaver:
+    def join(cls, path: str | os.PathLike, *, worker: str | None = None, durable: bool = True,
+             storage_options: Mapping[str, Any] | None = None) -> PartialSaver:
         """A worker's saver for a partial save another process started (no model object needed)."""
-        return cls(path, None, worker=worker, durable=durable)
+        return cls(path, None, worker=worker, durable=durable, storage_options=storage_options)
 
     def _read_layout(self) -> tuple[dict[str, _Decl] | None, dict[str, _Component] | None]:
         """(``{"sub/param": _Decl}``, ``{sub: _Component}`` or None for a layout written before components were recorded)."""
-        lpath = os.path.join(self.staging, LAYOUT)
+        lpath = os.path.join(self.staging, LAYOUT) if self._area is None else self._area.where(LAYOUT)
         try:
-            with open_regular(lpath, "the partial save's layout") as f:
-                raw = json.loads(f.read(MAX_LAYOUT + 1))
+            if self._area is not None:
+                text = self._area.read_layout(LAYOUT, MAX_LAYOUT)
+                if text is None:
+                    return None, None
+                raw = json.loads(text)
+                raw.pop("run", None)
+            else:
+                with open_regular(lpath, "the partial save's layout") as f:
+                    raw = json.loads(f.read(MAX_LAYOUT + 1))
             if not isinstance(raw, dict):
                 raise ValueError("not a mapping")
             if raw.get("version") != 2:  # the first layout: {"sub/param": {"shape", "dtype"}}
@@ -212,11 +244,20 @@ class PartialSaver:
     def _written(self) -> dict[str, list[dict]]:
         """The blocks on disk, per ``"sub/param"`` in the partial save's names, sorted by first row."""
         out: dict[str, list[dict]] = {}
+        listed: dict[str, dict[str, str]] = {}
         for key in self.decls:
             sub, name = key.split("/")
             d = os.path.join(self.staging, sub)
             notes = []
             pattern = re.compile(re.escape(name) + r"@[0-9]+-[0-9]+\.block\.json")
+            if self._area is not None:
+                found = listed[sub] if sub in listed else listed.setdefault(sub, self._area.notes(sub))
+                for f, url in sorted(found.items()):
+                    if pattern.fullmatch(f) and (note := self._area.read_note(url, MAX_NOTE)) is not None:
+                        notes.append(_note(url, note))
+                if notes:
+                    out[key] = sorted(notes, key=lambda n: n["first"])
+                continue
             for f in os.listdir(d) if os.path.isdir(d) else []:
                 if pattern.fullmatch(f):
                     notes.append(_note(os.path.join(d, f)))
@@ -269,6 +310,9 @@ class PartialSaver:
                 )
         sub, name = key.split("/")
         fname = f"{name}@{first}-{stop}.npy"
+        if self._area is not None:
+            note = {"first": first, "count": stop - first, "file": fname, "worker": self.worker}
+            return self._area.write_block(sub, fname, rows, note)[0]
         full = os.path.join(self.staging, sub, fname)
         tmp = f"{full}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -284,6 +328,25 @@ class PartialSaver:
                 os.unlink(tmp)
             raise DataError(f"cannot write block: {e.strerror or e}", Location(e.filename or full)) from None
         return full
+
+    def _blocks(self, written: dict[str, list[dict]], src: Any, size_of: Any) -> dict[str, FromFiles]:
+        """The blocked parameters as files of ``src`` to link (each file's size checked against its note)."""
+        replace = {}
+        for key, notes in written.items():
+            decl = self.decls[key]
+            sub = key.split("/")[0]
+            files = []
+            for n in notes:
+                rel = f"{sub}/{n['file']}"
+                actual = size_of(rel)
+                if actual is None:
+                    raise DataError("the block file its note names is missing", Location(src.where(rel)))
+                if actual != n["bytes"]:
+                    raise DataError(f"block file has {actual} bytes, its note says {n['bytes']}", Location(src.where(rel)))
+                files.append(FromFile(src, rel, decl.dtype, (n["count"],) + decl.shape[1:], n["bytes"],
+                                      ("xxh3_64", n["xxh3_64"]), (n["first"],) + (0,) * (len(decl.shape) - 1)))
+            replace[self._shown(key)] = FromFiles(decl.dtype, decl.shape, tuple(files))
+        return replace
 
     def finalize(self, *, training: dict | None = None, custom: dict | None = None, name: str | None = None) -> None:
         """Check every blocked parameter is covered exactly once, then publish one checkpoint."""
@@ -303,21 +366,21 @@ class PartialSaver:
             problems.append(f"{key}: rows {', '.join(f'{a}-{b - 1}' for a, b in gaps)} are missing")
         if problems:
             raise DataError("cannot finalize: " + "; ".join(problems), Location(self.staging))
-        replace = {}
+        if self._area is not None:
+            area = self._area
+            with storage_context(self._options):
+                sizes = area.sizes()
+                replace = self._blocks(written, area.source(), lambda rel: sizes.get(area.where(rel)))
+                save_model(self.obj, self.path, SaveOptions(self.durable), name=name, training=training, custom=custom, replace=replace)
+                area.remove(LAYOUT)  # the layout first: the partial save is gone at once, then its blocks
+            return
+
+        def size_of(rel: str) -> int:
+            with src.open_file(rel) as fh:
+                return os.fstat(fh.fileno()).st_size
+
         with DirHandle.open_dir(self.staging) as src:
-            for key, notes in written.items():
-                decl = self.decls[key]
-                sub = key.split("/")[0]
-                files = []
-                for n in notes:
-                    rel = f"{sub}/{n['file']}"
-                    with src.open_file(rel) as fh:
-                        actual = os.fstat(fh.fileno()).st_size
-                    if actual != n["bytes"]:
-                        raise DataError(f"block file has {actual} bytes, its note says {n['bytes']}", Location(src.where(rel)))
-                    files.append(FromFile(src, rel, decl.dtype, (n["count"],) + decl.shape[1:], n["bytes"],
-                                          ("xxh3_64", n["xxh3_64"]), (n["first"],) + (0,) * (len(decl.shape) - 1)))
-                replace[self._shown(key)] = FromFiles(decl.dtype, decl.shape, tuple(files))
+            replace = self._blocks(written, src, size_of)
             save_model(self.obj, self.path, SaveOptions(self.durable), name=name, training=training, custom=custom, replace=replace)
         # one rename takes the blocks away (a kill while deleting them never leaves a partial save with holes), then delete
         try:
