@@ -198,6 +198,27 @@ class TestCommit:
                                 "committed and its objects are removed")
         assert np.all(xser.load(url, storage_options=remote.options).W == 1.0)
 
+    def test_a_second_saver_is_refused_at_its_next_save(self, remote):
+        """No lock on an object store: a CheckpointSaver that finds a commit it did not make (another saver's) refuses to
+        save, as a second saver is refused on a local disk; what was committed stays whole."""
+        url = remote.url("m.yaml")
+        lin = model(1.0)
+        first = xser.CheckpointSaver(url, keep=3, storage_options=remote.options)
+        second = xser.CheckpointSaver(url, keep=3, storage_options=remote.options)
+        first.save(lin, step=1)
+        lin.W[...] = 2.0
+        with pytest.raises(xser.CheckpointError) as e:
+            second.save(lin, step=2)
+        assert str(e.value) == (f"{url}: another process saved this model since this saver's last commit (0; the newest "
+                                "is 1): one saver per model")
+        lin.W[...] = 3.0
+        first.save(lin, step=3)  # its own commits are no obstacle
+        assert [c.step for c in xser.checkpoints(url, storage_options=remote.options)] == [3, 1]
+        third = xser.CheckpointSaver(url, keep=3, storage_options=remote.options)  # a saver started later goes on
+        third.save(lin, step=4)
+        with pytest.raises(xser.CheckpointError):
+            first.save(lin, step=5)
+
     def test_nothing_is_written_under_a_local_folder_named_after_the_scheme(self, tmp_path, monkeypatch):
         monkeypatch.chdir(tmp_path)
         with pytest.raises(xser.XserError):

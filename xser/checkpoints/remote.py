@@ -30,13 +30,21 @@ _log = logging.getLogger("xser")
 
 def save_remote(
     path: str, snap: Snapshot, options: SaveOptions, *, policy: Policy | None, restart: bool = False, check_all: bool = True,
-    skip_duplicates: bool = False,
+    skip_duplicates: bool = False, since: list[int] | None = None,
 ) -> SaveReport:
     """``save_locked`` on an object store: write the checkpoint under a new prefix, then create the next commit record
-    (conditional: a concurrent saver that committed first makes this a ``CheckpointError``), then clean up."""
+    (conditional: a concurrent saver that committed first makes this a ``CheckpointError``), then clean up.
+
+    ``since``: a ``CheckpointSaver``'s one-element record of the commit it last saw (made or found); a newer one means
+    another process saved this model since, which is a ``CheckpointError`` as a second saver is on a local disk (an
+    object store has no lock to hold). It is updated to the commit this save makes."""
     store = store_for(path)
     with scan(path) as s:
         assert isinstance(s, RemoteScan)
+        if since is not None and s.seq != since[0]:
+            raise CheckpointError(
+                f"another process saved this model since this saver's last commit ({since[0]}; the newest is {s.seq}): "
+                "one saver per model", Location(path))
         existing = s.listed
         edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
         newest = existing[0][0] if existing else None
@@ -59,6 +67,8 @@ def save_remote(
             entries = [entry_of(staging)] + [entry_of_listed(s, i) for i in keep]
             _clear_remote_spec(store, path, snap.spec_text, edit)
             commit(store, path, seq, model, entries, staging.manifest["created"])
+            if since is not None:
+                since[0] = seq
         removed = tuple(c for i, c in enumerate(olds) if i not in keep)
     spec_written = _sync_remote_spec(store, path, snap.spec_text)
     clean_up(store, path, seq, [e[0] for e in entries])

@@ -19,6 +19,7 @@ import attrs
 from ..errors import CheckpointError, Location
 from ..spec.saved import hand_edit
 from ..storage.commit import finish, new_id, remove_leftovers, stage
+from ..storage.objects.commit import latest
 from ..storage.stores import LOCAL, is_url, options, store_for
 from ..storage.fsutil import os_error, refuse_special
 from ..storage.layout import data_dir_of
@@ -82,11 +83,13 @@ def save_locked(
     restart: bool = False,
     check_all: bool = True,
     skip_duplicates: bool = False,
+    since: list[int] | None = None,
 ) -> SaveReport:
-    """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``)."""
+    """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``). ``since``: see
+    ``save_remote`` (object stores only)."""
     if is_url(path):
         return save_remote(path, snap, options, policy=policy, restart=restart, check_all=check_all,
-                           skip_duplicates=skip_duplicates)
+                           skip_duplicates=skip_duplicates, since=since)
     refuse_special_spec(path)
     with scan(path, saver=True) as s:
         aside = recover(path, s, durable=options.durable)
@@ -194,7 +197,12 @@ class CheckpointSaver:
     ) -> None:
         self.path = os.fspath(path)
         self.storage_options = None if storage_options is None else dict(storage_options)
-        store_for(self.path, self.storage_options)  # a URL the saver cannot reach is an error now, not at the first save
+        #: on an object store (no lock to hold): the newest commit when the saver started, then its own last commit;
+        #: a save that finds a newer one is a CheckpointError (another process saves this model too)
+        self._since: list[int] | None = None
+        if is_url(self.path):
+            with options(self.storage_options):
+                self._since = [latest(store_for(self.path), self.path)[0]]
         self.options = SaveOptions(durable, blocks, formats, threads, shards)
         self.policy = as_policy(keep)
         self.restart = restart
@@ -262,7 +270,7 @@ class CheckpointSaver:
         with os_errors(self.path), options(self.storage_options):
             report = save_locked(
                 self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
-                check_all=not self._checked, skip_duplicates=True,
+                check_all=not self._checked, skip_duplicates=True, since=self._since,
             )
         self._checked = True
         return report
