@@ -198,6 +198,27 @@ class TestCommit:
                                 "committed and its objects are removed")
         assert np.all(xser.load(url, storage_options=remote.options).W == 1.0)
 
+    def test_a_failed_clean_up_is_a_warning_and_the_next_save_finishes_it(self, remote, monkeypatch, caplog):
+        url = remote.url("m.yaml")
+        lin = model(1.0)
+        with xser.CheckpointSaver(url, keep=1, storage_options=remote.options) as saver:
+            saver.save(lin, step=1)
+
+            def no_deletes(op, path):
+                if op == "delete":
+                    raise xser.StorageError("cannot delete: access denied (test)", xser.Location(path))
+            monkeypatch.setattr(FsspecStore, "on_request", staticmethod(no_deletes))
+            lin.W[...] = 2.0
+            report = saver.save(lin, step=2)
+            monkeypatch.setattr(FsspecStore, "on_request", None)
+            assert report.removed_steps == (1,)
+            assert "saved (commit 2), but removing what it replaced failed" in caplog.text
+            assert len(prefixes(url, remote.options)) == 2  # the dropped checkpoint's objects are still there
+            assert [c.step for c in xser.checkpoints(url, storage_options=remote.options)] == [2]
+            lin.W[...] = 3.0
+            saver.save(lin, step=3)
+        assert [p[:20] for p in prefixes(url, remote.options)] == [f"{3:020d}"]
+
     def test_a_second_saver_is_refused_at_its_next_save(self, remote):
         """No lock on an object store: a CheckpointSaver that finds a commit it did not make (another saver's) refuses to
         save, as a second saver is refused on a local disk; what was committed stays whole."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import CheckpointError, Location, SpecError
+from ..errors import CheckpointError, Location, SpecError, StorageError
 from ..spec import read_text
 from ..spec.saved import edit_lost, hand_edit
 from ..storage.commit import counts, manifest_of, new_id
@@ -71,7 +71,7 @@ def save_remote(
                 since[0] = seq
         removed = tuple(c for i, c in enumerate(olds) if i not in keep)
     spec_written = _sync_remote_spec(store, path, snap.spec_text)
-    clean_up(store, path, seq, [e[0] for e in entries])
+    _clean_up(store, path, seq, [e[0] for e in entries])
     return SaveReport(False, staging.path, staging.written, staging.linked, removed, spec_written, staging.manifest["id"])
 
 
@@ -137,4 +137,13 @@ def write_new_model_remote(out: str, snaps: list[Snapshot], options: SaveOptions
             _clear_remote_spec(store, out, snaps[0].spec_text, edit)
             commit(store, out, seq, model, [entry_of(st) for st in staged], staged[0].manifest["created"])
     _sync_remote_spec(store, out, snaps[0].spec_text)
-    clean_up(store, out, seq, [st.dir for st in staged])
+    _clean_up(store, out, seq, [st.dir for st in staged])
+
+
+def _clean_up(store: Any, path: str, seq: int, keep: list[str]) -> None:
+    """``clean_up`` after a commit, best effort: the save is committed whatever happens here, and what a failure leaves
+    (objects no record names) the next save removes. A failure is a warning, not the save's error."""
+    try:
+        clean_up(store, path, seq, keep)
+    except StorageError as e:
+        _log.warning("%s: saved (commit %d), but removing what it replaced failed: %s; the next save removes it", path, seq, e)
