@@ -94,6 +94,21 @@ class TestAverage:
         assert sizes and max(sizes) <= 1 << 16 and sum(sizes) >= 3 * file_size
         assert len(sizes) > 3 * 4
 
+    def test_fortran_order_arrays(self, remote, tmp_path):
+        """A Fortran-order .npy object (read in C-order row bands out of a map locally) averages as it does locally."""
+        local, url = str(tmp_path / "m.yaml"), remote.url("m.yaml")
+        lin = Linear(30, 20)
+        with xser.CheckpointSaver(local, keep=3) as a, xser.CheckpointSaver(url, keep=3, storage_options=remote.options) as b:
+            for i in range(2):
+                lin.W = np.asfortranarray(np.random.default_rng(i).standard_normal((20, 30)).astype(np.float32))
+                a.save(lin)
+                b.save(lin)
+        average(local, tmp_path / "want.yaml")
+        average(url, tmp_path / "got.yaml", storage_options=remote.options)
+        assert same_bits(tensors(str(tmp_path / "got.yaml")), tensors(str(tmp_path / "want.yaml")))
+        assert trajectory(url, storage_options=remote.options)["checkpoints"][1]["distance_to_newest"] == \
+            trajectory(local)["checkpoints"][1]["distance_to_newest"]
+
     def test_the_output_is_the_input(self, remote):
         url = remote.url("m.yaml")
         with pytest.raises(CheckpointError) as e:

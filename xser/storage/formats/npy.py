@@ -330,10 +330,17 @@ class NpyFormat:
         total = math.prod(shape)
         n = max(1, min(elements, total))
         if fortran and len(shape) > 1:  # rare: read C-order row bands out of a read-only map
-            if verify is not None:
-                f.seek(0)
-                check_digest(verify, digest_stream(f, verify[0])[1], where)
-            mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
+            copy = None
+            if not mappable(f):  # an object on a store: map a local copy (streamed; gone when the map is)
+                f = copy = _local_copy(f)
+            try:
+                if verify is not None:
+                    f.seek(0)
+                    check_digest(verify, digest_stream(f, verify[0])[1], where)
+                mapped = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F")
+            finally:
+                if copy is not None:
+                    copy.close()  # the map holds its own descriptor
             step = max(1, n // max(1, math.prod(shape[1:])))
             for first in range(0, shape[0], step):
                 band = np.ascontiguousarray(mapped[first : first + step]).reshape(-1)
@@ -405,3 +412,17 @@ class NpyFormat:
 
 
 NPY = NpyFormat()
+
+
+def _local_copy(f: BinaryIO) -> BinaryIO:
+    """A remote file copied into an unlinked local temporary file (8 MiB reads), open for reading: nothing is left
+    behind, and memory stays bounded whatever the file's size."""
+    import shutil
+    import tempfile
+
+    copy = tempfile.TemporaryFile(prefix="xser-copy-")
+    f.seek(0)
+    shutil.copyfileobj(f, copy, 8 << 20)
+    copy.flush()
+    copy.seek(0)
+    return copy  # type: ignore[return-value]
