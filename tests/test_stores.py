@@ -569,7 +569,7 @@ def test_every_request_passes_the_funnel(fake, monkeypatch, tmp_path):
     assert ops == [
         "write", "write",
         "read", "read", "read",
-        "read", "read",
+        "read",  # read_bytes with a limit: one GET of at most limit + 1 bytes
         "read", "read",
         "stat", "stat", "list", "list", "list",
         "copy", "delete",

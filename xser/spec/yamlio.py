@@ -386,6 +386,11 @@ def read_text(path: str | os.PathLike) -> str:
     at most ``MAX_SPEC_BYTES``, UTF-8; every problem is a ``SpecError`` naming the file."""
     fname = os.fspath(path)
     store = store_for(fname)
+    if store.remote:  # one GET of at most the limit + 1 bytes; the checks below only to explain a failure
+        try:
+            return _decoded(store.read_bytes(fname, "the spec", limit=MAX_SPEC_BYTES), fname)
+        except DataError:
+            pass
     size = store.size(fname)
     if size is None and not store.exists(fname):
         raise SpecError("file not found", Location(fname))
@@ -397,6 +402,10 @@ def read_text(path: str | os.PathLike) -> str:
         if e.message == "the spec not found":  # removed since it was looked at
             raise SpecError("file not found", Location(fname)) from None
         raise SpecError(e.message.replace("cannot read the spec:", "cannot read file:"), e.location) from None
+    return _decoded(raw, fname)
+
+
+def _decoded(raw: bytes, fname: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

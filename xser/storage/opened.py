@@ -115,7 +115,7 @@ class OpenedDir(DirHandle):
 
     def read_bytes(self, block: Block) -> bytes:
         """A small file (the spec), checked against its block's size and checksum."""
-        with self.open_file(block.file) as f:
+        with self.open_file(block.file, whole=True) as f:
             size = file_size(f)
             if size != block.bytes:
                 raise DataError(f"file has {size} bytes, manifest says {block.bytes}", Location(self.where(block.file)))
@@ -182,7 +182,7 @@ class OpenedDir(DirHandle):
                 self.verify_once(block)
                 checksum = None
         whole_rows = rows is not None and rows == (0, bshape[0]) if bshape else False
-        with self.open_file(block.file) as f:
+        with self.open_file(block.file, whole=(rows is None or whole_rows) and block.key is None) as f:
             try:
                 if rows is None or whole_rows:
                     return fmt.read(f, where, entry.dtype, bshape, block.bytes, mmap=mmap, verify=checksum, **kw)
@@ -204,7 +204,7 @@ class OpenedDir(DirHandle):
             fmt = get_format(block.format)
             where = self.where(block.file)
             checksum = block.checksum if verify else None
-            with self.open_file(block.file) as f:
+            with self.open_file(block.file) as f:  # streamed: one GET per piece, nothing kept
                 try:
                     if block.format == "npy":
                         yield from fmt.chunks(f, where, entry.dtype, entry.shape, block.bytes, elements, buffer, checksum)

@@ -13,7 +13,7 @@ fsspec's ``AbstractFileSystem`` (``cat_file`` with ranges, ``pipe_file`` with ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 __all__ = ["ReadFile", "Store"]
@@ -63,7 +63,8 @@ class Store(Protocol):
     def basename(self, path: str) -> str: ...
 
     # -- reading
-    def open_read(self, path: str, what: str) -> ReadFile: ...
+    def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0,
+                  missing: Callable[[], BaseException] | None = None) -> ReadFile: ...
 
     def read_bytes(self, path: str, what: str, *, limit: int | None = None) -> bytes: ...
 

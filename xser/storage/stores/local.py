@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
 from ...errors import DataError, Location, StorageError
@@ -81,11 +81,14 @@ class LocalStore:
 
     # -- reading
 
-    def open_read(self, path: str, what: str) -> LocalFile:
+    def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0,
+                  missing: Callable[[], BaseException] | None = None) -> LocalFile:
+        """The file open for reading (``size`` and ``head`` are hints for remote stores: a local file has its size,
+        and its reads are cheap); ``missing`` makes the error for a missing file."""
         try:
             f = open_regular(path, what)
         except FileNotFoundError:
-            raise DataError(f"{what} not found", Location(path)) from None
+            raise (missing() if missing is not None else DataError(f"{what} not found", Location(path))) from None
         except OSError as e:
             raise os_error(e, f"cannot read {what}", path) from None
         return LocalFile(f, path)

@@ -217,16 +217,27 @@ class FsspecStore:
     def _info(self, url: str, op: str = "stat") -> dict[str, Any]:
         return self._call(op, url, self.fs.info, self._path(url))
 
-    def open_read(self, path: str, what: str) -> RemoteFile:
+    def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0,
+                  missing: Callable[[], BaseException] | None = None) -> RemoteFile:
+        """``RemoteFile`` of ``path``: its size from one HEAD, unless the caller knows it (``size``: see ``RemoteFile``)."""
+        if size is not None:  # no request
+            return RemoteFile(self, path, size, what, known=True, head=head, missing=missing)
         try:
             info = self._info(path, "read")
         except FileNotFoundError:
-            raise self._missing(path, what) from None
+            raise (missing() if missing is not None else self._missing(path, what)) from None
         if info.get("type") == "directory":
             raise DataError(f"{what} is not a file", Location(path))
-        return RemoteFile(self, path, int(info.get("size") or 0), what)
+        return RemoteFile(self, path, int(info.get("size") or 0), what, head=head, missing=missing)
 
     def read_bytes(self, path: str, what: str, *, limit: int | None = None) -> bytes:
+        if limit is not None:  # one GET of at most limit + 1 bytes; the HEAD below only to explain a failure
+            try:
+                data = self._call("read", path, self.fs.cat_file, self._path(path), start=0, end=limit + 1)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                data = None
+            if data is not None and len(data) <= limit:
+                return data
         try:
             if limit is not None:
                 info = self._info(path, "read")
