@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,7 @@ pytest.importorskip("fsspec")
 
 import xser  # noqa: E402
 from components import Linear, Model  # noqa: E402
-from xser.errors import DataError  # noqa: E402
+from xser.errors import DataError, Location, StorageError  # noqa: E402
 from xser.storage.stores import store_for  # noqa: E402
 from xser.storage.stores.remote import FsspecStore  # noqa: E402
 
@@ -121,3 +123,60 @@ def test_remote_file_head_and_known_size(remote_root, monkeypatch):
         assert f.read() == data[8110:]
     assert seen.ops == [("read", url)] * 3
     assert [g[1:] for g in seen.gets] == [(0, 4096, 4096), (4096, 8110, 4014), (8110, len(data) + 1, len(data) - 8110)]
+
+
+# -- uploads
+
+
+def test_writers_go_on_while_files_upload(remote_root, monkeypatch):
+    """A writer hands its finished file to the upload threads and writes the next one: while the first upload is in
+    flight, more files are finished (with 2 threads, 2 uploads in flight and 2 more files written)."""
+    from xser.storage.objects.commit import RemoteStaging
+
+    handed = []
+    gate = threading.Event()
+    real_done, real_put = RemoteStaging.done, FsspecStore.put_file
+
+    def done(self, rel, path, result):
+        handed.append(rel)
+        if len(handed) >= 3:
+            gate.set()
+        return real_done(self, rel, path, result)
+
+    seen_before_first_upload_ended = []
+
+    def put_file(self, local, path):
+        if not seen_before_first_upload_ended:
+            gate.wait(10)
+            seen_before_first_upload_ended.append(len(handed))
+        return real_put(self, local, path)
+
+    monkeypatch.setattr(RemoteStaging, "done", done)
+    monkeypatch.setattr(FsspecStore, "put_file", put_file)
+    url, m = saved(remote_root)
+    assert seen_before_first_upload_ended[0] >= 3
+    assert np.array_equal(xser.load(url, storage_options=remote_root.options).encoder.W, m.encoder.W)
+
+
+def test_a_failed_upload_fails_the_save(remote_root, monkeypatch):
+    """An upload that fails stops the save: no commit, the previous checkpoint loads, nothing of the save is left."""
+    url, m = saved(remote_root)
+    before = sorted(store_for(url, remote_root.options).list(remote_root.url()))
+    real_put = FsspecStore.put_file
+    old_W = m.encoder.W.copy()
+    calls = []
+
+    def put_file(self, local, path):
+        calls.append(path)
+        if len(calls) == 2:  # the second of the four changed arrays
+            raise StorageError("cannot write: refused", Location(path))
+        return real_put(self, local, path)
+
+    monkeypatch.setattr(FsspecStore, "put_file", put_file)
+    for lin in (m.encoder, m.decoder):
+        lin.W[...], lin.b[...] = 7, 7
+    with pytest.raises(StorageError) as e:
+        xser.save(m, url, storage_options=remote_root.options)
+    assert str(e.value) == f"{calls[1]}: cannot write: refused" and len(calls) <= 4
+    assert sorted(store_for(url, remote_root.options).list(remote_root.url())) == before
+    assert np.array_equal(xser.load(url, storage_options=remote_root.options).encoder.W, old_W)

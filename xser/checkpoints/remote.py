@@ -81,7 +81,10 @@ def _write_remote(staging: Any, snap: Snapshot, options: SaveOptions, previous: 
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
         formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
     )
-    results = write(staging.spool, plan, durable=False, threads=max(options.threads, options.shards or 0), sink=staging)
+    threads = max(options.threads, options.shards or 0)
+    staging.start(threads)  # as many uploads in flight as writer threads
+    results = write(staging.spool, plan, durable=False, threads=threads, sink=staging)
+    staging.flush()
     manifest = manifest_of(plan, results, snap.meta, id=staging.id, model=model)
     finish_remote(staging, manifest, *counts(plan, results))
 

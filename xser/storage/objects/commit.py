@@ -24,7 +24,9 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import attrs
@@ -195,6 +197,10 @@ class RemoteStaging:
     manifest_bytes: bytes = b""
     written: int = 0
     linked: int = 0
+    uploads: int = 2  # files uploaded at once (``start``): the save's writer threads
+    _uploader: ThreadPoolExecutor | None = None
+    _pending: list[Future] = attrs.field(factory=list)
+    _slots: threading.Semaphore | None = None
 
     @property
     def dir(self) -> str:
@@ -214,13 +220,62 @@ class RemoteStaging:
 
         return link
 
+    def start(self, uploads: int) -> None:
+        """Upload on ``uploads`` threads of their own: a writer hands its finished file over and writes the next one
+        while it is uploaded, so ``uploads`` requests stay in flight. At most ``uploads`` files wait or upload at once
+        (a writer with one more waits): the spool holds at most ``uploads`` + the writers' files."""
+        self.uploads = max(1, uploads)
+        self._uploader = ThreadPoolExecutor(self.uploads, thread_name_prefix="xser-upload")
+        self._slots = threading.Semaphore(self.uploads)
+
     def done(self, rel: str, path: str, result: WriteResult) -> None:
-        if not result.linked or os.path.exists(path):
+        if result.linked and not os.path.exists(path):
+            return  # copied on the server
+        if self._uploader is None:
+            self._upload(rel, path)
+            return
+        self._raise_failed()
+        assert self._slots is not None
+        self._slots.acquire()
+        try:
+            fut = self._uploader.submit(self._upload, rel, path)
+        except BaseException:
+            self._slots.release()
+            raise
+        fut.add_done_callback(lambda _: self._slots.release())  # type: ignore[union-attr]
+        self._pending.append(fut)
+
+    def _upload(self, rel: str, path: str) -> None:
+        try:
             self.store.put_file(path, self.store.join(self.path, rel))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def _raise_failed(self) -> None:
+        for fut in self._pending:
+            if fut.done() and fut.exception() is not None:
+                raise fut.exception()  # type: ignore[misc]
+
+    def flush(self) -> None:
+        """Wait for every upload; the first failure is raised once none is running."""
+        pending, self._pending = self._pending, []
+        wait(pending)
+        for fut in pending:
+            if fut.exception() is not None:
+                raise fut.exception()  # type: ignore[misc]
+
+    def stop(self) -> None:
+        """Wait for the uploads in flight (none starts after) and end the upload threads."""
+        if self._uploader is not None:
+            for fut in self._pending:
+                fut.cancel()
+            wait(self._pending)
+            self._uploader.shutdown(wait=True)
+            self._uploader = None
 
     def discard(self) -> None:
+        self.stop()  # no upload lands after the prefix is removed
         shutil.rmtree(self.spool, ignore_errors=True)
         with contextlib.suppress(Exception):  # best effort: the next commit removes what is left
             self.store.delete_prefix(self.path)
@@ -236,11 +291,13 @@ def stage_remote(store: Store, spec_path: str, seq: int, id: str) -> Iterator[Re
     except BaseException:
         staging.discard()
         raise
+    staging.stop()
     shutil.rmtree(spool, ignore_errors=True)
 
 
 def finish_remote(staging: RemoteStaging, manifest: dict, written: int, linked: int) -> None:
-    """Write the checkpoint's manifest, the last object under its prefix."""
+    """Write the checkpoint's manifest, the last object under its prefix (after every upload has finished)."""
+    staging.flush()
     text = render_manifest(manifest).encode("utf-8")
     staging.store.put(staging.store.join(staging.path, MANIFEST), text, create_only=False)
     staging.manifest, staging.manifest_bytes = manifest, text
