@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, ClassVar
 from ...errors import DataError, Location, StorageError, XserError
 from .local import LOCAL, AlreadyExists
 from .remote_errors import CREDENTIAL_HELP, INSTALL, kind_of, missing_package, reason
-from .remote_files import MemoryWriter, RemoteFile, Writer
+from .remote_files import MemoryWriter, RemoteFile, Writer, read_limited
 
 __all__ = ["BACKOFF", "PART_CONCURRENCY", "PART_SIZE", "RETRIES", "FsspecStore", "RemoteFile", "fsspec_store"]
 
@@ -231,13 +231,8 @@ class FsspecStore:
         return RemoteFile(self, path, int(info.get("size") or 0), what, head=head, missing=missing)
 
     def read_bytes(self, path: str, what: str, *, limit: int | None = None) -> bytes:
-        if limit is not None:  # one GET of at most limit + 1 bytes; the HEAD below only to explain a failure
-            try:
-                data = self._call("read", path, self.fs.cat_file, self._path(path), start=0, end=limit + 1)
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                data = None
-            if data is not None and len(data) <= limit:
-                return data
+        if limit is not None and (data := read_limited(self, path, limit)) is not None:
+            return data  # one GET; the HEAD below only explains a failure
         try:
             if limit is not None:
                 info = self._info(path, "read")

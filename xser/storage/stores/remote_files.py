@@ -8,7 +8,17 @@ from typing import Any
 
 from ...errors import DataError, Location
 
-__all__ = ["MemoryWriter", "RemoteFile", "Writer"]
+__all__ = ["MemoryWriter", "RemoteFile", "Writer", "read_limited"]
+
+
+def read_limited(store: Any, url: str, limit: int) -> bytes | None:
+    """The object at ``url`` in one GET of at most ``limit`` + 1 bytes; None if it is missing, not a file or larger than
+    ``limit`` (the caller then asks why)."""
+    try:
+        data = store._call("read", url, store.fs.cat_file, store._path(url), start=0, end=limit + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    return data if len(data) <= limit else None
 
 
 class RemoteFile:
