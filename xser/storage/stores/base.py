@@ -64,7 +64,11 @@ class Store(Protocol):
 
     # -- reading
     def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0,
-                  missing: Callable[[], BaseException] | None = None) -> ReadFile: ...
+                  missing: Callable[[], BaseException] | None = None) -> ReadFile:
+        """``path`` open for reading. ``size``: the caller knows it (a manifest's; a remote store then makes no request
+        to open, and an object of another size is a ``DataError`` at the read that reaches its end); ``head``: the first
+        small read from the start fetches this many bytes and keeps them (remote; ``RemoteFile``); ``missing()`` makes
+        the error for a missing file."""
 
     def read_bytes(self, path: str, what: str, *, limit: int | None = None) -> bytes: ...
 

@@ -217,10 +217,8 @@ class FsspecStore:
     def _info(self, url: str, op: str = "stat") -> dict[str, Any]:
         return self._call(op, url, self.fs.info, self._path(url))
 
-    def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0,
-                  missing: Callable[[], BaseException] | None = None) -> RemoteFile:
-        """``RemoteFile`` of ``path``: its size from one HEAD, unless the caller knows it (``size``: see ``RemoteFile``)."""
-        if size is not None:  # no request
+    def open_read(self, path: str, what: str, *, size: int | None = None, head: int = 0, missing: Any = None) -> RemoteFile:
+        if size is not None:  # known (a manifest's): no HEAD, see RemoteFile
             return RemoteFile(self, path, size, what, known=True, head=head, missing=missing)
         try:
             info = self._info(path, "read")
@@ -231,15 +229,9 @@ class FsspecStore:
         return RemoteFile(self, path, int(info.get("size") or 0), what, head=head, missing=missing)
 
     def read_bytes(self, path: str, what: str, *, limit: int | None = None) -> bytes:
-        if limit is not None and (data := read_limited(self, path, limit)) is not None:
-            return data  # one GET; the HEAD below only explains a failure
+        if limit is not None:
+            return read_limited(self, path, what, limit)
         try:
-            if limit is not None:
-                info = self._info(path, "read")
-                if info.get("type") == "directory":
-                    raise DataError(f"{what} is not a file", Location(path))
-                if int(info.get("size") or 0) > limit:
-                    raise DataError(f"{what} is larger than {limit} bytes", Location(path))
             return self._call("read", path, self.fs.cat_file, self._path(path))
         except (FileNotFoundError, IsADirectoryError):
             raise self._missing(path, what) from None

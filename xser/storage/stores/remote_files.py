@@ -11,14 +11,27 @@ from ...errors import DataError, Location
 __all__ = ["MemoryWriter", "RemoteFile", "Writer", "read_limited"]
 
 
-def read_limited(store: Any, url: str, limit: int) -> bytes | None:
-    """The object at ``url`` in one GET of at most ``limit`` + 1 bytes; None if it is missing, not a file or larger than
-    ``limit`` (the caller then asks why)."""
+def read_limited(store: Any, url: str, what: str, limit: int) -> bytes:
+    """``store.read_bytes(url, what, limit=limit)``: one GET of at most ``limit`` + 1 bytes; a HEAD only to say why
+    that failed (missing, not a file, larger than ``limit``)."""
     try:
         data = store._call("read", url, store.fs.cat_file, store._path(url), start=0, end=limit + 1)
+        if len(data) <= limit:
+            return data
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    return data if len(data) <= limit else None
+        pass
+    try:
+        info = store._info(url, "read")
+    except FileNotFoundError:
+        raise store._missing(url, what) from None
+    if info.get("type") == "directory":
+        raise DataError(f"{what} is not a file", Location(url))
+    if int(info.get("size") or 0) > limit:
+        raise DataError(f"{what} is larger than {limit} bytes", Location(url))
+    try:  # replaced between the two requests: read what is there now
+        return store._call("read", url, store.fs.cat_file, store._path(url))
+    except (FileNotFoundError, IsADirectoryError):
+        raise store._missing(url, what) from None
 
 
 class RemoteFile:
