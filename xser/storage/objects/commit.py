@@ -349,6 +349,7 @@ def clean_up(store: Store, spec_path: str, seq: int, keep: list[str]) -> list[st
         m = _PREFIX.match(base)
         if m is None or base in kept or int(m.group(1)) > seq:
             continue
+        store.delete([store.join(root, base, MANIFEST)])  # first: a reader that misses a file then sees it removed whole
         store.delete_prefix(store.join(root, base))
         removed.append(base)
     old = [n for n in _record_numbers(store, spec_path) if n <= seq - KEEP_RECORDS]
