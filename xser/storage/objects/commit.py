@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from ...errors import CheckpointError, DataError, Location
+from ...errors import CheckpointError, DataError, Location, XserError
 from ..checksums import DEFAULT_CHECKSUM, digest_bytes
 from ..dirhandle import MissingDir
 from ..jsonlimit import loads_limited
@@ -288,8 +288,11 @@ def stage_remote(store: Store, spec_path: str, seq: int, id: str) -> Iterator[Re
     staging = RemoteStaging(store, spec_path, seq, id, store.join(data_root(store, spec_path), prefix_name(seq, id)), spool)
     try:
         yield staging
-    except BaseException:
-        staging.discard()
+    except BaseException as e:
+        if getattr(e, "keep_prefix", False):  # a commit whose outcome is unknown: the clean-up decides later
+            shutil.rmtree(spool, ignore_errors=True)
+        else:
+            staging.discard()
         raise
     staging.stop()
     shutil.rmtree(spool, ignore_errors=True)
@@ -327,14 +330,51 @@ def entry_of_listed(scan: RemoteScan, index: int) -> tuple[str, int, tuple[str, 
 
 def commit(store: Store, spec_path: str, seq: int, model: str, checkpoints: list[tuple[str, int, tuple[str, str]]],
            created: str) -> None:
-    """Create commit record ``seq`` (conditional: fails if another saver created it first)."""
+    """Create commit record ``seq`` (conditional: fails if another saver created it first).
+
+    The name can also be free because other savers committed ``seq`` and newer records meanwhile and the clean-up
+    deleted ``seq`` (this saver stalled for a while): a record numbered above ``seq``, listed after the create, makes
+    this save fail the same way, its record deleted again (readers and savers take the highest record: it was never
+    the model)."""
     where = record_path(store, spec_path, seq)
+    data = record_json(seq, model, checkpoints, created)
     try:
-        store.put(where, record_json(seq, model, checkpoints, created), create_only=True)
+        store.put(where, data, create_only=True)
     except AlreadyExists:
-        raise CheckpointError(
-            f"another process saved this model meanwhile (commit {seq} exists); this save was not committed and its "
-            "objects are removed", Location(spec_path)) from None
+        if not _is_ours(store, where, data):  # (ours: a retried create whose first attempt was applied)
+            raise _lost(spec_path, seq) from None
+    except XserError as e:
+        if not _is_ours(store, where, data, e):  # the create failed, or its answer was lost and it was applied
+            raise
+    try:
+        newer = [n for n in _record_numbers(store, spec_path) if n > seq]
+    except XserError:
+        return  # committed; the check for a stalled saver could not list (the next save cleans up after it anyway)
+    if newer:
+        store.delete([where])
+        raise _lost(spec_path, newer[-1])
+
+
+def _is_ours(store: Store, where: str, data: bytes, error: XserError | None = None) -> bool:
+    """Whether record ``where`` holds ``data``. When that cannot be read, ``error`` (the create's failure) is marked
+    ``keep_prefix``: the checkpoint may be committed, so the failed save must not delete it (if it was not, the next
+    save's clean-up does)."""
+    try:
+        return store.read_bytes(where, "commit record", limit=MAX_RECORD) == data
+    except XserError:
+        if error is not None:
+            try:
+                there = store.exists(where)
+            except XserError:
+                there = True
+            if there:
+                error.keep_prefix = True  # type: ignore[attr-defined]
+        return False
+
+
+def _lost(spec_path: str, seq: int) -> CheckpointError:
+    return CheckpointError(f"another process saved this model meanwhile (commit {seq} exists); this save was not "
+                           "committed and its objects are removed", Location(spec_path))
 
 
 def clean_up(store: Store, spec_path: str, seq: int, keep: list[str]) -> list[str]:
