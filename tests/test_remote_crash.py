@@ -111,3 +111,94 @@ def test_forked_child_reads_what_its_parent_saved(s3_url):
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_failed_request_at_each_point_of_a_save(kind, tmp_path, request, monkeypatch):
+    """A store failure (access denied) at request N of a rotation, for every N in turn, in this process: the save raises
+    the StorageError with the URL; no commit record names a missing object; the model is the old or (record N+1
+    exists) the new state; the failed save's own prefix is gone; the next save leaves only what its record names."""
+    import remote_crash_child as c
+
+    import xser
+    from xser.storage import stores
+    from xser.storage.objects import commit as objects
+    from xser.storage.stores.remote import FsspecStore
+
+    url = request.getfixturevalue("memory_url") if kind == "memory" else (tmp_path / "store").as_uri()
+    root = c.Root(url, {})
+    template = f"{url}/template"
+    c.setup_rotate(template)
+    old = c.fingerprint(f"{template}/m.yaml")
+    before, _ = objects.latest(stores.store_for(url), f"{template}/m.yaml")
+    real = FsspecStore._call
+    count, fail_at = [0], [0]
+
+    def call(self, op, u, fn, *a, **kw):
+        count[0] += 1
+        if count[0] == fail_at[0]:
+            def fn(*a, **kw):
+                raise PermissionError(13, "injected")
+        return real(self, op, u, fn, *a, **kw)
+
+    monkeypatch.setattr(FsspecStore, "_call", call)
+    problems, failures, n = [], 0, 0
+    new = None
+    while True:
+        n += 1
+        work = f"{url}/w{n}"
+        root.copy(template, work)
+        u = f"{work}/m.yaml"
+        count[0], fail_at[0] = 0, n
+        try:
+            c.op_rotate(work)
+            fail_at[0] = 0
+            new = c.fingerprint(u)
+            break
+        except xser.XserError as e:
+            fail_at[0] = 0
+            failures += 1
+            if type(e) is not xser.StorageError or f"{url}/w{n}/" not in str(e) or "access denied" not in str(e):
+                problems.append(f"request {n}: {type(e).__name__}: {e}")
+        seq, _ = objects.latest(stores.store_for(u), u)
+        got = c.fingerprint(u)
+        if got[0] != "model":
+            problems.append(f"request {n}: the newest record names what is missing: {got}")
+        elif seq == before and got != old:
+            problems.append(f"request {n}: no new record, and not the old state")
+        if seq == before and objects.pending(stores.store_for(u), u, seq):
+            problems.append(f"request {n}: the failed save left its prefix {objects.pending(stores.store_for(u), u, seq)}")
+        xser.save(xser.load(u), u)
+        for p in c.leftovers(root, work, {"m.yaml", "m.yaml.data"}):
+            problems.append(f"request {n}, after the next save: {p}")
+    assert problems == []
+    assert new[0] == "model" and new != old and failures == n - 1 >= 20
+
+
+def test_commit_whose_answer_is_lost(memory_url, monkeypatch):
+    """The commit record's create is applied but its answer is lost (a timeout), and the retry finds the name taken:
+    the record is this save's own, so the save succeeds and keeps its checkpoint (it must not delete what its record
+    names)."""
+    import components
+    import xser
+    from xser.storage.stores.remote import FsspecStore
+
+    url = f"{memory_url}/m.yaml"
+    xser.save(components.Linear(3, 2), url)
+    real = FsspecStore._call
+    lost = []
+
+    def call(self, op, u, fn, *a, **kw):
+        if op == "write" and "/commits/" in u and not lost:
+            def fn(*a2, real_fn=fn, **kw2):
+                real_fn(*a2, **kw2)
+                lost.append(u)
+                raise ConnectionResetError("the answer was lost")
+        return real(self, op, u, fn, *a, **kw)
+
+    monkeypatch.setattr(FsspecStore, "_call", call)
+    m = components.Linear(3, 2)
+    m.W[...] = 4
+    xser.save(m, url)
+    monkeypatch.undo()
+    assert lost and float(xser.load(url, verify=True).W[0, 0]) == 4.0
