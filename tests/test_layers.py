@@ -137,3 +137,43 @@ def test_every_folder_says_what_it_may_import():
         if file.endswith("__init__.py") and name not in ("xser", "xser.storage.formats"):
             doc = ast.get_docstring(ast.parse(source(file))) or ""
             assert "import" in doc.lower(), name
+
+
+#: calls that open, rename, list, stat or remove files (``os.<name>``, ``os.path.<name>``, ``shutil``/``tempfile``, ``open``)
+_FILE_OS = {"open", "rename", "replace", "listdir", "scandir", "walk", "unlink", "remove", "mkdir", "makedirs", "rmdir",
+            "link", "symlink", "stat", "lstat", "fsync", "chmod", "truncate", "utime"}
+_FILE_PATH = {"exists", "lexists", "isfile", "isdir", "getsize", "islink", "samefile"}
+#: the exceptions, each with its reason (every other module above storage reaches files through a store)
+_FILE_OPS_ALLOWED = {
+    ("xser.cli", "open"): "os.devnull, to silence stdout after a broken pipe (no model file)",
+}
+
+
+def file_calls(name: str, file: str) -> list[str]:
+    """``module:line: call`` for every call in ``file`` that touches files directly."""
+    found = []
+    for node in ast.walk(ast.parse(source(file))):
+        if not isinstance(node, ast.Call):
+            continue
+        fn, call = node.func, None
+        if isinstance(fn, ast.Name) and fn.id == "open":
+            call = "open"
+        elif isinstance(fn, ast.Attribute):
+            v = fn.value
+            if isinstance(v, ast.Name) and v.id == "os" and fn.attr in _FILE_OS:
+                call = f"os.{fn.attr}"
+            elif isinstance(v, ast.Name) and v.id in ("shutil", "tempfile"):
+                call = f"{v.id}.{fn.attr}"
+            elif (isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "os" and v.attr == "path"
+                  and fn.attr in _FILE_PATH):
+                call = f"os.path.{fn.attr}"
+        if call is not None and (name, call) not in _FILE_OPS_ALLOWED:
+            found.append(f"{name}:{node.lineno}: {call}")
+    return found
+
+
+def test_only_the_storage_layer_touches_files():
+    """Every byte xser reads or writes goes through xser/storage (a store chosen by the path): no module above it
+    opens, renames, lists, stats or removes files itself (issue 21; docs/design.md, "The storage layer's shape")."""
+    found = [hit for n, f in sorted(MODULES.items()) if not n.startswith("xser.storage") for hit in file_calls(n, f)]
+    assert found == []

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -25,8 +24,9 @@ from ..errors import DataError, Location, did_you_mean, shape_str
 from ..model.serialize import to_tree
 from ..model.registry import info_for
 from ..storage.commit import remove_tree, write_text_atomic
-from ..storage.formats import FORMATS
 from ..storage.formats.npy import describe_dtype, parse_dtype
+from ..storage.stores import LOCAL
+from ..storage.write import put_array
 from ..storage.fsutil import fsync_dir, makedirs_durable, open_regular
 from ..storage.layout import data_dir_of
 from ..storage.opened import DirHandle
@@ -166,7 +166,7 @@ class PartialSaver:
         try:
             makedirs_durable(self.staging, durable=durable)
             for key in self.decls:
-                os.makedirs(os.path.join(self.staging, key.split("/")[0]), exist_ok=True)
+                makedirs_durable(os.path.join(self.staging, key.split("/")[0]), durable=False)
             write_text_atomic(os.path.join(self.staging, LAYOUT), json.dumps(layout) + "\n", durable=durable)
         except OSError as e:
             raise DataError(f"cannot start a partial save: {e.strerror or e}", Location(self.staging)) from None
@@ -258,7 +258,7 @@ class PartialSaver:
                 if notes:
                     out[key] = sorted(notes, key=lambda n: n["first"])
                 continue
-            for f in os.listdir(d) if os.path.isdir(d) else []:
+            for f in LOCAL.listdir(d):
                 if pattern.fullmatch(f):
                     notes.append(_note(os.path.join(d, f)))
             if notes:
@@ -314,19 +314,9 @@ class PartialSaver:
             note = {"first": first, "count": stop - first, "file": fname, "worker": self.worker}
             return self._area.write_block(sub, fname, rows, note)[0]
         full = os.path.join(self.staging, sub, fname)
-        tmp = f"{full}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            size, digest = FORMATS["npy"].write(tmp, rows)
-            if self.durable:
-                with open(tmp, "rb") as fh:
-                    os.fsync(fh.fileno())
-            os.rename(tmp, full)
-            note = {"first": first, "count": stop - first, "file": fname, "bytes": size, "xxh3_64": digest, "worker": self.worker}
-            write_text_atomic(full[: -len(".npy")] + ".block.json", json.dumps(note) + "\n", durable=self.durable)
-        except OSError as e:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise DataError(f"cannot write block: {e.strerror or e}", Location(e.filename or full)) from None
+        size, digest = put_array(LOCAL, full, rows, durable=self.durable)
+        note = {"first": first, "count": stop - first, "file": fname, "bytes": size, "xxh3_64": digest, "worker": self.worker}
+        write_text_atomic(full[: -len(".npy")] + ".block.json", json.dumps(note) + "\n", durable=self.durable)
         return full
 
     def _blocks(self, written: dict[str, list[dict]], src: Any, size_of: Any) -> dict[str, FromFiles]:

@@ -15,14 +15,12 @@ at once) and the rest of the prefix.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import tempfile
 from typing import Any
 
 from ..errors import DataError, Location
-from ..storage.formats import FORMATS
 from ..storage.objects.opened import RemoteDir
+from ..storage.write import put_array
 from ..storage.stores import Store
 from ..storage.stores.local import AlreadyExists
 
@@ -85,15 +83,7 @@ class RemoteStagingArea:
     def write_block(self, sub: str, fname: str, rows: Any, note: dict) -> tuple[str, dict]:
         """Upload the block, then create its note; (the block's URL, the note)."""
         full = self.where(sub, fname)
-        fd, tmp = tempfile.mkstemp(prefix="xser-block-", suffix=".npy")
-        os.close(fd)
-        os.unlink(tmp)
-        try:
-            size, digest = FORMATS["npy"].write(tmp, rows)
-            self.store.put_file(tmp, full)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        size, digest = put_array(self.store, full, rows)
         note = {**note, "bytes": size, "xxh3_64": digest}
         notepath = full[: -len(".npy")] + ".block.json"
         try:

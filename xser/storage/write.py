@@ -10,7 +10,9 @@ run in parallel too.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,13 +24,14 @@ from .checksums import CHECKSUMS, DEFAULT_CHECKSUM, digest_bytes
 from .checksums import verify as check_digest
 from .formats import FORMATS
 from .formats.npy import NPY, header_for
+from .layout import TMP_MARK
 from .fsutil import fsync_file, os_error
 from .payloads import Bundle, FromFile, Lazy, Stream
 from .plan import Piece, Plan
 from .pool import run_all
 from .progress import advance, progress
 
-__all__ = ["READ_ONLY", "WRITERS", "Linker", "Sink", "WriteResult", "link_or_copy", "read_only", "write"]
+__all__ = ["READ_ONLY", "WRITERS", "Linker", "Sink", "WriteResult", "link_or_copy", "put_array", "read_only", "write"]
 
 #: link(source directory, file of it, destination path) -> True if the destination now holds that file's bytes
 Linker = Callable[[Any, str, str], bool]
@@ -296,3 +299,30 @@ def _nbytes(payload: Any) -> int:
             return sum(_nbytes(b) for b in payload.blocks)
         return int(np.prod(payload.shape, dtype=np.int64)) * np.dtype(payload.dtype).itemsize
     return int(getattr(payload, "nbytes", 0))
+
+
+def put_array(store: Any, path: str, array: np.ndarray, *, durable: bool = True) -> tuple[int, str]:
+    """Write ``array`` as a new ``.npy`` file or object at ``path`` of ``store``, whole or not at all: on a local disk
+    through a temporary file (fsynced with ``durable``) renamed into place, on an object store through a local spool
+    file uploaded in one ``put_file``. Returns (bytes, xxh3_64 hex digest)."""
+    local = store.local_path(path) if not store.remote else None
+    target = local if local is not None else None
+    spool = f"{target}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}" if target is not None else None
+    if spool is None:
+        fd, spool = tempfile.mkstemp(prefix="xser-array-", suffix=".npy")
+        os.close(fd)
+        os.unlink(spool)
+    try:
+        size, digest = NPY.write(spool, array)
+        if target is not None:
+            if durable:
+                fsync_file(spool)
+            os.rename(spool, target)
+        else:
+            store.put_file(spool, path)
+    except OSError as e:
+        raise os_error(e, "cannot write block", path) from None
+    finally:
+        if os.path.lexists(spool):
+            os.unlink(spool)
+    return size, digest

@@ -25,7 +25,7 @@ from ..storage.objects.opened import RemoteDir
 from ..storage.stores import is_url, store_for
 from ..storage.stores import options as storage_context
 from .convert import spec_subcols
-from .where import is_dir, is_file, join
+from .where import is_dir, is_file, join, same_path
 
 __all__ = ["ModelView", "foreign_kind", "json_text", "not_a_model_directory", "open_model", "verify_model"]
 
@@ -379,15 +379,15 @@ def not_a_model_directory(path: str, checkpoint_option: bool = True, *, storage_
         with storage_context(storage_options):
             _not_a_remote_model_directory(path, checkpoint_option)
         return
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "index")) or any(
-        os.path.isfile(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")
+    if not is_dir(path) or is_file(os.path.join(path, "index")) or any(
+        is_file(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json")
     ):
         return
     slot = slot_of(path)
     if slot is not None:
         spec = slot[0]
         try:
-            index = next((c.index for c in checkpoints(spec) if os.path.samefile(c.path, path)), None)
+            index = next((c.index for c in checkpoints(spec) if same_path(c.path, path)), None)
         except (OSError, DataError, CheckpointError):
             index = None
         which = "" if not index else f" with --checkpoint {index}" if checkpoint_option else f" (this is its checkpoint {index})"

@@ -38,18 +38,11 @@ def _tag(dtype: np.dtype) -> str:
 
 
 def _is_safetensors(path: str, store: Store) -> bool:
-    if is_url(path):
-        try:
-            with contextlib.closing(store.open_read(path, "the file")) as r:
-                head = r.read(9)
-        except (OSError, DataError):
-            return False
-    else:
-        try:
-            with open(path, "rb") as f:
-                head = f.read(9)
-        except OSError:
-            return False
+    try:
+        with contextlib.closing(store.open_read(path, "the file")) as r:
+            head = r.read(9)
+    except (OSError, DataError):
+        return False
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 1 << 40
 
 

@@ -16,16 +16,12 @@ __all__ = ["is_dir", "is_file", "join", "same_path", "spec_text"]
 
 def is_dir(path: str) -> bool:
     """A local directory, or a URL prefix that holds objects."""
-    if is_url(path):
-        return store_for(path).isdir(path)
-    return os.path.isdir(path)
+    return store_for(path).isdir(path)
 
 
 def is_file(path: str) -> bool:
     """A local file, or an object at the URL."""
-    if is_url(path):
-        return store_for(path).size(path) is not None
-    return os.path.isfile(path)
+    return store_for(path).is_file(path)
 
 
 def join(base: str, *parts: str) -> str:
@@ -40,10 +36,7 @@ def same_path(a: str, b: str) -> bool:
 
 
 def spec_text(path: str) -> str:
-    """The text of the spec file at ``path`` (a local file read as text, as ``open`` reads it; an object, as UTF-8)."""
-    if is_url(path):
-        from ..spec import read_text
+    """The text of the spec file at ``path`` (a local file or an object), as UTF-8."""
+    from ..spec import read_text
 
-        return read_text(path)
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    return read_text(path)

@@ -137,7 +137,7 @@ class LocalStore:
     def listdir(self, path: str) -> list[str]:
         try:
             return sorted(os.listdir(path))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as e:
             raise os_error(e, "cannot list directory", path, StorageError) from None
