@@ -305,3 +305,21 @@ class TestTorch:
             again = remote.url("t2.yaml")
             xser.save(on_gpu, again, storage_options=remote.options)
             assert torch.equal(xser.load(again, storage_options=remote.options).module.weight, lin.module.weight * 2)
+
+
+class TestSpool:
+    def test_a_killed_save_s_spool_is_removed_by_the_next_one(self, remote, tmp_path, monkeypatch):
+        """Spool directories carry their process id; a save removes those of processes that no longer run (a SIGKILLed
+        save's), never a live one's, and its own when it is done."""
+        import subprocess
+        import sys
+        import tempfile
+
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        left = tmp_path / f"xser-spool-{int(dead.stdout)}-abcd"
+        (left / "Linear.x").mkdir(parents=True)
+        live = tmp_path / f"xser-spool-{os.getppid()}-efgh"
+        live.mkdir()
+        xser.save(model(1.0), remote.url("m.yaml"), storage_options=remote.options)
+        assert sorted(os.listdir(tmp_path)) == [live.name]

@@ -27,29 +27,17 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import commit
+from .spool import alive, spool_dir
 from .fsutil import makedirs_durable
 from .layout import OLD_MARK, TMP_MARK, temp_name
 
 __all__ = ["output_exists", "output_leftovers", "put_in_place", "remove_output_leftovers", "replaced_output", "replaced_outputs"]
 
 _PID = re.compile(r"([0-9]+)-[0-9a-f]+")
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists (another user's)
-        return True
-    return True
 
 
 def output_leftovers(out: str) -> list[str]:
@@ -66,7 +54,7 @@ def output_leftovers(out: str) -> list[str]:
         for mark in (TMP_MARK, OLD_MARK):
             if name.startswith(base + mark):
                 m = _PID.fullmatch(name[len(base + mark):])
-                if m is None or not _alive(int(m.group(1))):
+                if m is None or not alive(int(m.group(1))):
                     found.append(os.path.join(parent, name))
     return sorted(found)
 
@@ -167,7 +155,7 @@ def _uploaded_outputs(store: Any, outs: Sequence[str], dirs: Sequence[bool], las
     """``replaced_outputs`` on an object store: the caller writes into a local temporary directory; when the block
     ends without an error each output is uploaded (``_upload``) in order, and the temporary directory is removed
     either way. Nothing is uploaded when the block fails."""
-    tmp = tempfile.mkdtemp(prefix="xser-export-")
+    tmp = spool_dir("export")
     try:
         staged = []
         for i, is_dir in enumerate(dirs):

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -37,6 +36,7 @@ from ..dirhandle import MissingDir
 from ..jsonlimit import loads_limited
 from ..scanned import Scan, record_of
 from ..manifest import MANIFEST, NewerFormatError, render_manifest
+from ..spool import spool_dir
 from ..stores.base import Store
 from ..stores.local import AlreadyExists
 from ..write import WriteResult
@@ -284,7 +284,7 @@ class RemoteStaging:
 @contextlib.contextmanager
 def stage_remote(store: Store, spec_path: str, seq: int, id: str) -> Iterator[RemoteStaging]:
     """A new checkpoint prefix numbered ``seq`` and a local spool directory; both removed if the block fails."""
-    spool = tempfile.mkdtemp(prefix="xser-spool-")
+    spool = spool_dir("spool")
     staging = RemoteStaging(store, spec_path, seq, id, store.join(data_root(store, spec_path), prefix_name(seq, id)), spool)
     try:
         yield staging
