@@ -199,8 +199,10 @@ class RemoteStaging:
     linked: int = 0
     uploads: int = 2  # files uploaded at once (``start``): the save's writer threads
     _uploader: ThreadPoolExecutor | None = None
-    _pending: list[Future] = attrs.field(factory=list)
+    _pending: set[Future] = attrs.field(factory=set)  # uploads not finished (finished ones leave at once)
+    _failed: list[BaseException] = attrs.field(factory=list)
     _slots: threading.Semaphore | None = None
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     @property
     def dir(self) -> str:
@@ -242,8 +244,18 @@ class RemoteStaging:
         except BaseException:
             self._slots.release()
             raise
-        fut.add_done_callback(lambda _: self._slots.release())  # type: ignore[union-attr]
-        self._pending.append(fut)
+        with self._lock:
+            self._pending.add(fut)
+        fut.add_done_callback(self._finished)
+
+    def _finished(self, fut: Future) -> None:
+        """An upload ended: it leaves the pending set (so every check costs O(1), not O(files)), its failure is kept."""
+        with self._lock:
+            self._pending.discard(fut)
+            if not fut.cancelled() and fut.exception() is not None:
+                self._failed.append(fut.exception())  # type: ignore[arg-type]
+        assert self._slots is not None
+        self._slots.release()
 
     def _upload(self, rel: str, path: str) -> None:
         try:
@@ -253,24 +265,27 @@ class RemoteStaging:
                 os.unlink(path)
 
     def _raise_failed(self) -> None:
-        for fut in self._pending:
-            if fut.done() and fut.exception() is not None:
-                raise fut.exception()  # type: ignore[misc]
+        with self._lock:
+            failed = self._failed[0] if self._failed else None
+        if failed is not None:
+            raise failed
+
+    def _in_flight(self) -> list[Future]:
+        with self._lock:
+            return list(self._pending)
 
     def flush(self) -> None:
         """Wait for every upload; the first failure is raised once none is running."""
-        pending, self._pending = self._pending, []
-        wait(pending)
-        for fut in pending:
-            if fut.exception() is not None:
-                raise fut.exception()  # type: ignore[misc]
+        wait(self._in_flight())
+        self._raise_failed()
 
     def stop(self) -> None:
         """Wait for the uploads in flight (none starts after) and end the upload threads."""
         if self._uploader is not None:
-            for fut in self._pending:
+            pending = self._in_flight()
+            for fut in pending:
                 fut.cancel()
-            wait(self._pending)
+            wait(pending)
             self._uploader.shutdown(wait=True)
             self._uploader = None
 
