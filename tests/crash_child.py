@@ -28,7 +28,7 @@ import components  # noqa: E402
 import xser  # noqa: E402
 from xser.model.serialize import to_tree  # noqa: E402
 from xser.spec import dump  # noqa: E402
-from xser.storage import commit  # noqa: E402
+from xser.storage.disk import commit  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND

@@ -418,11 +418,11 @@ def test_checkpoint_removed_while_reading(tmp_path, monkeypatch):
     real = OpenedDir.open_file
     vanish = {"left": 1}
 
-    def open_file(self, rel):
+    def open_file(self, rel, **kw):
         if vanish["left"]:
             vanish["left"] -= 1
             raise CheckpointVanished("the checkpoint was removed while it was being read", Location(self.path))
-        return real(self, rel)
+        return real(self, rel, **kw)
 
     monkeypatch.setattr(OpenedDir, "open_file", open_file)
     monkeypatch.setattr(OpenedDir, "_map_npy", lambda self, e: None)

@@ -47,7 +47,7 @@ def test_leftovers_of_running_exports_are_left_alone(tmp_path):
 @pytest.mark.parametrize("old_is_dir, new_is_dir", [(True, True), (False, False), (True, False), (False, True)])
 def test_put_in_place_replaces_any_kind(tmp_path, old_is_dir, new_is_dir, monkeypatch):
     """With and without an atomic exchange, a file or directory replaces a file or directory, and nothing is left."""
-    from xser.storage import commit
+    from xser.storage.disk import commit
 
     for exchange in (True, False):
         if not exchange:

@@ -24,7 +24,7 @@ import pytest
 import crash_child as cc
 import xser
 from components import Linear
-from xser.storage.lock import ModelLock
+from xser.storage.disk.lock import ModelLock
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])

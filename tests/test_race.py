@@ -99,7 +99,7 @@ def _saved(path, steps, keep=3):
 def test_a_reader_waits_for_a_rotation_half_done(tmp_path, monkeypatch):
     """Stopped inside a rotation (the oldest dropped, the others not yet shifted), a saver holds the listing lock:
     a reader of checkpoint 2 (in another thread) waits, then gets the new checkpoint 2 whole, never "no checkpoint 2"."""
-    from xser.storage import slots as publish
+    from xser.storage.disk import slots as publish
 
     path = str(tmp_path / "m.yaml")
     lin, saver = _saved(path, [1, 2, 3])

@@ -108,7 +108,7 @@ class TestWeightFormat:
         assert sorted(read) == [40, 10 * 64 * 4]
 
     def test_checksum_covers_the_file_and_is_checked_once(self, tmp_path, monkeypatch):
-        from xser.storage import dirhandle
+        from xser.storage.disk import dirhandle
 
         path = str(tmp_path / "m.yaml")
         leaf = leaf_of({f"p{i}": np.full(4, i, np.float32) for i in range(6)})

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import xser
 from components import Linear
 from helpers import fail_nth_write
-from xser.storage.commit import finish, stage
+from xser.storage.disk.commit import finish, stage
 from xser.storage.opened import OpenedDir as DataDir
 from xser.storage.plan import plan_save
 from xser.storage.write import write
@@ -274,7 +274,7 @@ class TestAtomicWrite:
 class TestPublish:
     def test_resave_without_atomic_exchange(self, tmp_path, monkeypatch):
         """Where the OS cannot swap directories, re-saves still replace the data and clean up."""
-        monkeypatch.setattr("xser.storage.commit._RENAMEAT2", None)
+        monkeypatch.setattr("xser.storage.disk.commit._RENAMEAT2", None)
         path = str(tmp_path / "m.yaml")
         lin = Linear(2, 3)
         xser.save(lin, path)

@@ -11,7 +11,7 @@ import attrs
 
 from ..errors import CheckpointError, Location
 from ..storage.listing import Checkpoint
-from ..storage.commit import new_id
+from ..storage.disk.commit import new_id
 from ..storage.manifest import ParamEntry
 from .snapshot import Snapshot, growing
 

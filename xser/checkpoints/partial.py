@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import DataError, Location, did_you_mean, shape_str
 from ..model.serialize import to_tree
 from ..model.registry import info_for
-from ..storage.commit import remove_tree, write_text_atomic
+from ..storage.disk.commit import remove_tree, write_text_atomic
 from ..storage.formats.npy import describe_dtype, parse_dtype
 from ..storage.stores import LOCAL
 from ..storage.write import put_array

@@ -1,4 +1,4 @@
-"""Publishing checkpoints: the top-level spec file around a publish, and the slot renames (``storage/slots.py``,
+"""Publishing checkpoints: the top-level spec file around a publish, and the slot renames (``storage/disk/slots.py``,
 re-exported here). ``docs/format.md`` section 4 walks through every step; all of it runs under the model lock.
 """
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from ..errors import SpecError
 from ..spec import read_text
 from ..spec.saved import HandEdit, edit_lost
-from ..storage.commit import keep_aside, remove_file, write_text_atomic
+from ..storage.disk.commit import keep_aside, remove_file, write_text_atomic
 from ..storage.layout import EDITED_MARK
-from ..storage.slots import publish_new_model, recover, replace_newest, rotate
+from ..storage.disk.slots import publish_new_model, recover, replace_newest, rotate
 
 __all__ = ["clear_spec", "publish_new_model", "recover", "replace_newest", "rotate", "sync_spec"]
 

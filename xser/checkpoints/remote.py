@@ -12,7 +12,7 @@ import attrs
 from ..errors import CheckpointError, Location, SpecError, StorageError
 from ..spec import read_text
 from ..spec.saved import edit_lost, hand_edit
-from ..storage.commit import counts, manifest_of, new_id
+from ..storage.disk.commit import counts, manifest_of, new_id
 from ..storage.layout import EDITED_MARK
 from ..storage.listing import Checkpoint, scan
 from ..storage.objects.commit import RemoteScan, clean_up, commit, entry_of, entry_of_listed, finish_remote, stage_remote

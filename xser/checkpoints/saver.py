@@ -18,13 +18,13 @@ import attrs
 
 from ..errors import CheckpointError, Location
 from ..spec.saved import hand_edit
-from ..storage.commit import finish, new_id, remove_leftovers, stage
+from ..storage.disk.commit import finish, new_id, remove_leftovers, stage
 from ..storage.objects.commit import latest
 from ..storage.stores import LOCAL, is_url, options, store_for
 from ..storage.fsutil import os_error, refuse_special
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
-from ..storage.lock import ModelLock
+from ..storage.disk.lock import ModelLock
 from ..storage.plan import plan_save
 from ..storage.write import write
 from .common import SaveOptions, SaveReport, before_writing

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import CheckpointError, DataError, Location, XserError
 from .layout import data_dir_of, slot_names, slot_of
-from .lock import ListingLock
+from .disk.lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
 from .objects.commit import latest, remote_scan

@@ -33,9 +33,9 @@ from .progress import advance
 from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
-from .dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
+from .disk.dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
 from .fsutil import file_size, mappable, pread_into, require_regular
-from .lock import pin as pin_dir
+from .disk.lock import pin as pin_dir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from .pool import pool
 

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import commit
+from .disk import commit
 from .spool import alive, spool_dir
 from .fsutil import makedirs_durable
 from .layout import OLD_MARK, TMP_MARK, temp_name

@@ -32,7 +32,7 @@ import attrs
 
 from ...errors import CheckpointError, DataError, Location, XserError
 from ..checksums import DEFAULT_CHECKSUM, digest_bytes
-from ..dirhandle import MissingDir
+from ..disk.dirhandle import MissingDir
 from ..jsonlimit import loads_limited
 from ..scanned import Scan, record_of
 from ..manifest import MANIFEST, NewerFormatError, render_manifest

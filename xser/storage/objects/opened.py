@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import DataError, Location
 from ..checksums import digest_bytes
 from ..checksums import verify as check_digest
-from ..dirhandle import CheckpointVanished, MissingDir
+from ..disk.dirhandle import CheckpointVanished, MissingDir
 from ..formats import get_format
 from ..manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
 from ..opened import MAX_MANIFEST, OpenedDir

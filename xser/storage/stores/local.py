@@ -4,7 +4,7 @@ Reads refuse special files (a FIFO never blocks: ``fsutil.open_regular``); whole
 a temporary file + ``os.replace`` with fsync of the file and its directory (``durable``); a
 ``create_only`` write links the temporary file to its name, which fails if the name exists (atomic).
 The checkpoint commit protocol of a local disk (directory descriptors, exchange rename, file locks)
-lives above this in ``commit.py``/``listing.py``/``lock.py``, unchanged.
+lives above this in ``disk/`` (``commit.py``, ``slots.py``, ``lock.py``), unchanged.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import os
 import weakref
 from typing import Any
 
-from ..errors import CheckpointError, Location
-from .fsutil import makedirs_durable
+from ...errors import CheckpointError, Location
+from ..fsutil import makedirs_durable
 
 try:
     import fcntl

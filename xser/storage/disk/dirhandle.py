@@ -13,11 +13,11 @@ import os
 import threading
 from typing import Any, BinaryIO
 
-from ..errors import CheckpointError, DataError, Location
-from .checksums import digest_stream
-from .checksums import verify as check_digest
-from .fsutil import O_READ, require_regular
-from .layout import OLD_MARK, TMP_MARK
+from ...errors import CheckpointError, DataError, Location
+from ..checksums import digest_stream
+from ..checksums import verify as check_digest
+from ..fsutil import O_READ, require_regular
+from ..layout import OLD_MARK, TMP_MARK
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "O_DIR", "O_FILE"]
 

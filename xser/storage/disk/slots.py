@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import CheckpointError, Location
+from ...errors import CheckpointError, Location
 from .commit import discard, publish, remove_leftovers, to_trash
-from .fsutil import fsync_dir
-from .layout import DAMAGED_MARK, data_dir_of, temp_name
+from ..fsutil import fsync_dir
+from ..layout import DAMAGED_MARK, data_dir_of, temp_name
 from .lock import ListingLock
-from .scanned import Scan
+from ..scanned import Scan
 
 __all__ = ["publish_new_model", "recover", "replace_newest", "rotate"]
 

@@ -23,15 +23,15 @@ from typing import Any
 
 import attrs
 
-from ..errors import DataError, Location, StorageError
-from .fsutil import fsync_dir, makedirs_durable, os_error
+from ...errors import DataError, Location, StorageError
+from ..fsutil import fsync_dir, makedirs_durable, os_error
 from .dirhandle import O_DIR
-from .layout import OLD_MARK, leftovers, temp_name
+from ..layout import OLD_MARK, leftovers, temp_name
 from .lock import claim
-from .manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
-from .plan import Plan
-from .stores.local import LOCAL
-from .write import READ_ONLY, WriteResult
+from ..manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
+from ..plan import Plan
+from ..stores.local import LOCAL
+from ..write import READ_ONLY, WriteResult
 
 __all__ = [
     "Staging",
