@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import io
 from collections.abc import Callable
 from typing import Any
@@ -163,7 +164,26 @@ class RemoteFile:
         self.close()
 
 
-class Writer(io.RawIOBase):
+class _Publishing(io.RawIOBase):
+    """A writer whose object appears only when it is closed without an error: a ``with`` block that raises, or a
+    writer dropped unclosed, discards what was written (``discard``)."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """Drop what was written: no object appears."""
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.discard()
+        else:
+            self.close()
+
+    def __del__(self) -> None:  # never publish what was not closed on purpose
+        if not self.closed:
+            self.discard()
+
+
+class Writer(_Publishing):
     """A streamed upload (``fs.open(path, 'wb')``) that publishes the object on ``close()`` and discards it
     when the ``with`` block raises. Its requests pass through the store's funnel (not retried: a part
     already buffered cannot be replayed)."""
@@ -214,18 +234,9 @@ class Writer(io.RawIOBase):
             pass
         super().close()
 
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        if exc_type is not None:
-            self.discard()
-        else:
-            self.close()
-
-    def __del__(self) -> None:  # never publish what was not closed on purpose
-        if not self.closed:
-            self.discard()
 
 
-class MemoryWriter(io.RawIOBase):
+class MemoryWriter(_Publishing):
     """memory:// has no streaming upload: the bytes gather here and appear at ``close()``."""
 
     def __init__(self, store: Any, url: str) -> None:
@@ -257,12 +268,3 @@ class MemoryWriter(io.RawIOBase):
         self._buf = io.BytesIO()
         super().close()
 
-    def __exit__(self, exc_type: Any, *rest: Any) -> None:
-        if exc_type is not None:
-            self.discard()
-        else:
-            self.close()
-
-    def __del__(self) -> None:  # never publish what was not closed on purpose
-        if not self.closed:
-            self.discard()
