@@ -480,6 +480,27 @@ def test_transient_errors_give_up(fake):
     assert fs.calls.count("cat_file") == 4
 
 
+class S3Error(Exception):
+    def __init__(self, code: str, status: int, text: str):
+        super().__init__(f"An error occurred ({code}) when calling the PutObject operation: {text}")
+        self.response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+def test_a_conditional_conflict_is_retried_and_501_is_not(fake):
+    """S3 answers concurrent conditional PUTs with 409 ConditionalRequestConflict, to be retried; 501 Not Implemented (a
+    server without the feature) is an answer, not a hiccup."""
+    store, fs, root = fake
+    fs.fail["pipe_file"] = [S3Error("ConditionalRequestConflict", 409, "A conflicting conditional operation is in progress")]
+    store.put(root + "/a", b"data")
+    assert fs.calls.count("pipe_file") == 2
+    fs.fail["pipe_file"] = [S3Error("NotImplemented", 501, "A header you provided implies functionality that is not implemented")]
+    with pytest.raises(StorageError) as e:
+        store.put(root + "/b", b"x")
+    assert str(e.value) == (f"{root}/b: cannot write: An error occurred (NotImplemented) when calling the PutObject "
+                            "operation: A header you provided implies functionality that is not implemented")
+    assert fs.calls.count("pipe_file") == 3
+
+
 def test_other_errors_are_not_retried(fake):
     store, fs, root = fake
     fs.fail["pipe_file"] = [OSError(errno.EINVAL, "Invalid argument")]

@@ -53,8 +53,9 @@ def _note(path: str, note: Any = None) -> dict:
         ok = isinstance(note, dict) and all(type(note.get(k)) is int and note[k] >= 0 for k in ("first", "count", "bytes"))
         if not ok or not all(isinstance(note.get(k), str) for k in ("file", "xxh3_64", "worker")) or note["count"] < 1:
             raise ValueError(f"not a block note: {str(note)[:200]}")
-        if note["file"] != path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1][: -len(".block.json")] + ".npy":
-            raise ValueError(f"the note names file {note['file']!r}")
+        stem = path.rsplit("/", 1)[-1].rsplit(os.sep, 1)[-1][: -len(".block.json")]
+        if note["file"] != stem + ".npy" and not re.fullmatch(re.escape(stem) + r"\.[0-9a-f]{16}\.npy", note["file"]):
+            raise ValueError(f"the note names file {note['file']!r}")  # (on a store: <stem>.<token>.npy, see write_block)
     except (OSError, ValueError) as e:
         raise DataError(f"unreadable block note: {e}", Location(path)) from None
     return note

@@ -81,11 +81,14 @@ class RemoteStagingArea:
         return note
 
     def write_block(self, sub: str, fname: str, rows: Any, note: dict) -> tuple[str, dict]:
-        """Upload the block, then create its note; (the block's URL, the note)."""
-        full = self.where(sub, fname)
+        """Upload the block under a name of its own (``<stem>.<token>.npy``: two workers writing the same rows never
+        overwrite each other's bytes), then create its note, which names it (the first note wins: conditional);
+        (the block's URL, the note)."""
+        stem = fname[: -len(".npy")]
+        full = self.where(sub, f"{stem}.{secrets.token_hex(8)}.npy")
         size, digest = put_array(self.store, full, rows)
-        note = {**note, "bytes": size, "xxh3_64": digest}
-        notepath = full[: -len(".npy")] + ".block.json"
+        note = {**note, "file": full.rsplit("/", 1)[-1], "bytes": size, "xxh3_64": digest}
+        notepath = self.where(sub, stem + ".block.json")
         try:
             self.store.put(notepath, (json.dumps({**note, "run": self.run}) + "\n").encode("utf-8"), create_only=True)
         except AlreadyExists:

@@ -35,12 +35,15 @@ def save_remote(
     """``save_locked`` on an object store: write the checkpoint under a new prefix, then create the next commit record
     (conditional: a concurrent saver that committed first makes this a ``CheckpointError``), then clean up.
 
-    ``since``: a ``CheckpointSaver``'s one-element record of the commit it last saw (made or found); a newer one means
+    ``since``: a ``CheckpointSaver``'s record of the commit it last saw (made or found), then the prefix of its last
+    save; a newer commit (unless it lists that prefix first: this saver's own, whose outcome it could not tell) means
     another process saved this model since, which is a ``CheckpointError`` as a second saver is on a local disk (an
     object store has no lock to hold). It is updated to the commit this save makes."""
     store = store_for(path)
     with scan(path) as s:
         assert isinstance(s, RemoteScan)
+        if since is not None and s.seq != since[0] and s.prefixes[:1] == since[1:2]:
+            since[0] = s.seq  # this saver's last commit, whose outcome it could not tell, went through
         if since is not None and s.seq != since[0]:
             raise CheckpointError(
                 f"another process saved this model since this saver's last commit ({since[0]}; the newest is {s.seq}): "
@@ -66,6 +69,8 @@ def save_remote(
                 keep = [i - 1 for i in retain(listed, policy) if i > 0]
             entries = [entry_of(staging)] + [entry_of_listed(s, i) for i in keep]
             _clear_remote_spec(store, path, snap.spec_text, edit)
+            if since is not None:
+                since[1:] = [staging.dir]  # (if the commit's outcome stays unknown, the next save recognises it)
             commit(store, path, seq, model, entries, staging.manifest["created"])
             if since is not None:
                 since[0] = seq

@@ -52,10 +52,15 @@ MODEL_PATH = "!ModelPath"
 def relative_paths(tree: Any, path: str) -> Any:
     """A copy of ``tree`` where every string that is an absolute path inside the model's directory (the
     directory of ``path``) is a ``!ModelPath {path: relative}``: the model directory can move."""
-    base = os.path.dirname(os.path.abspath(path))
+    remote = is_url(path)
+    base = parent_of(path)
 
     def walk(v: Any) -> Any:
-        if isinstance(v, str) and os.path.isabs(v):
+        if remote and isinstance(v, str) and is_url(v):  # a URL inside the model's folder on the same store
+            if v.startswith(base.rstrip("/") + "/") and ".." not in v[len(base):].split("/"):
+                return Tagged(MODEL_PATH, {"path": v[len(base.rstrip("/")) + 1:]})
+            return v
+        if not remote and isinstance(v, str) and os.path.isabs(v):
             norm = os.path.normpath(v)
             if norm == base or norm.startswith(base + os.sep):
                 return Tagged(MODEL_PATH, {"path": os.path.relpath(norm, base).replace(os.sep, "/")})

@@ -191,14 +191,9 @@ def _upload(store: Any, staged: str, out: str, last: Sequence[str]) -> None:
     else:
         store.put_file(staged, out)
         new.add(out)
-    gone = sorted(old - {_listed(store, p) for p in new})
+    gone = sorted(old - set(new))
     if gone:
         store.delete(gone)
-
-
-def _listed(store: Any, path: str) -> str:
-    """``path`` as ``store.list`` names it (the same for every store that lists whole paths)."""
-    return path
 
 
 def staged_file(path: str, *, text: bool = False) -> Any:

@@ -19,6 +19,7 @@ a save in progress (or killed before its commit): the next commit makes it remov
 from __future__ import annotations
 
 import contextlib
+import logging
 import json
 import os
 import re
@@ -30,9 +31,8 @@ from typing import Any
 
 import attrs
 
-from ...errors import CheckpointError, DataError, Location, XserError
+from ...errors import CheckpointError, DataError, Location, StorageError, XserError
 from ..checksums import DEFAULT_CHECKSUM, digest_bytes
-from ..disk.dirhandle import MissingDir
 from ..jsonlimit import loads_limited
 from ..scanned import Scan, record_of
 from ..manifest import MANIFEST, NewerFormatError, render_manifest
@@ -55,6 +55,7 @@ __all__ = [
     "stage_remote",
 ]
 
+_log = logging.getLogger("xser")
 COMMITS = "commits"
 KEEP_RECORDS = 3  # commit records kept after a commit (older ones are deleted; readers hold the one they read)
 MAX_RECORD = 16 << 20  # bytes: a record larger than this is refused before it is read
@@ -149,35 +150,52 @@ class RemoteScan(Scan):
     store: Any = None
     seq: int = 0
     record: dict | None = None
-    prefixes: list[str] = attrs.field(factory=list)  # the prefix names the record lists (newest first)
+    prefixes: list[str] = attrs.field(factory=list)  # the prefix names of the listed checkpoints (newest first)
+    entries: list[dict] = attrs.field(factory=list)  # their entries in the record (damaged ones left out)
 
 
 def remote_scan(store: Store, spec_path: str) -> RemoteScan:
     """The newest commit record and its checkpoints, each opened (manifest read and checked against the record).
 
-    A checkpoint deleted between reading the record and opening it means a newer record exists: the
-    listing starts over from it."""
+    A checkpoint is deleted only after a newer record stops naming it, so a missing one means either that a newer
+    record exists (a rotation ran since: the listing starts over from it) or, when none does, that the checkpoint was
+    damaged or deleted by hand: it is left out of the listing (``damaged``, with a warning) and the next save commits
+    a record without it."""
     for _ in range(ATTEMPTS):
         seq, rec = latest(store, spec_path)
         if rec is None:
             return RemoteScan(spec_path, [], store=store, seq=seq)
         root = data_root(store, spec_path)
-        opened: list[RemoteDir] = []
-        try:
-            for c in rec["checkpoints"]:
-                d = RemoteDir.open_remote(store, store.join(root, c["dir"]), (c["bytes"], tuple(c["checksum"])))
-                opened.append(d)
-        except MissingDir:
-            for d in opened:
+        opened: list[tuple[dict, RemoteDir]] = []
+        damaged: list[tuple[str, str]] = []
+        moved = False
+        for c in rec["checkpoints"]:
+            where = store.join(root, c["dir"])
+            try:
+                opened.append((c, RemoteDir.open_remote(store, where, (c["bytes"], tuple(c["checksum"])))))
+            except NewerFormatError as e:
+                for _, d in opened:
+                    d.close()
+                raise CheckpointError(
+                    f"checkpoint {where} was written by a newer xser (format_version {e.version}); "
+                    "upgrade xser to read or save this model", Location(spec_path)) from None
+            except DataError as e:  # MissingDir included
+                if _record_numbers(store, spec_path)[-1:] != [seq]:
+                    moved = True  # a newer record: this one's checkpoints may be gone, list again
+                    break
+                damaged.append((where, e.message))
+        if moved:
+            for _, d in opened:
                 d.close()
             continue
-        except NewerFormatError as e:
-            raise CheckpointError(
-                f"checkpoint {e.location.file if e.location else ''} was written by a newer xser (format_version {e.version}); "
-                "upgrade xser to read or save this model", Location(spec_path)) from None
-        listed = [(record_of(i, d), d) for i, d in enumerate(opened)]
-        return RemoteScan(spec_path, listed, store=store, seq=seq, record=rec, prefixes=[c["dir"] for c in rec["checkpoints"]])
-    raise CheckpointError("the model's checkpoints keep being removed while they are listed", Location(spec_path))
+        for where, why in damaged:
+            _log.warning("%s: checkpoint %s named by commit record %d cannot be read (%s); it is left out, and the next "
+                         "save commits a record without it", spec_path, where, seq, why)
+        listed = [(record_of(i, d), d) for i, (_, d) in enumerate(opened)]
+        return RemoteScan(spec_path, listed, damaged=damaged, store=store, seq=seq, record=rec,
+                          prefixes=[c["dir"] for c, _ in opened], entries=[c for c, _ in opened])
+    raise CheckpointError(f"the model's commit records kept changing while its checkpoints were listed ({ATTEMPTS} times)",
+                          Location(spec_path))
 
 
 # ---------------------------------------------------------------- writing
@@ -339,7 +357,7 @@ def entry_of(staging: RemoteStaging) -> tuple[str, int, tuple[str, str]]:
 
 
 def entry_of_listed(scan: RemoteScan, index: int) -> tuple[str, int, tuple[str, str]]:
-    c = scan.record["checkpoints"][index]  # type: ignore[index]
+    c = scan.entries[index]
     return c["dir"], c["bytes"], (c["checksum"][0], c["checksum"][1])
 
 
@@ -356,35 +374,52 @@ def commit(store: Store, spec_path: str, seq: int, model: str, checkpoints: list
     try:
         store.put(where, data, create_only=True)
     except AlreadyExists:
-        if not _is_ours(store, where, data):  # (ours: a retried create whose first attempt was applied)
+        ours = _is_ours(store, where, data)  # (ours: a create whose reply was lost, retried by a layer below)
+        if ours is None:
+            raise _unknown(spec_path, seq) from None
+        if not ours:
             raise _lost(spec_path, seq) from None
     except XserError as e:
-        if not _is_ours(store, where, data, e):  # the create failed, or its answer was lost and it was applied
+        ours = _is_ours(store, where, data)  # the create failed, or its answer was lost and it was applied
+        if ours is None:
+            e.keep_prefix = True  # type: ignore[attr-defined]
             raise
+        if not ours:
+            try:
+                taken = store.size(where) is not None
+            except XserError:
+                e.keep_prefix = True  # type: ignore[attr-defined]
+                raise e from None
+            if taken:  # another saver's record: this save lost the race (the store's error was about that)
+                raise _lost(spec_path, seq) from None
+            raise
+    if not store.conditional and _is_ours(store, where, data) is False:
+        raise _lost(spec_path, seq)  # check-then-write: another saver's record replaced this one meanwhile
     try:
         newer = [n for n in _record_numbers(store, spec_path) if n > seq]
-    except XserError:
-        return  # committed; the check for a stalled saver could not list (the next save cleans up after it anyway)
+    except XserError as e:  # committed, but whether it is the newest (this saver may have stalled) is unknown
+        e.keep_prefix = True  # type: ignore[attr-defined]
+        raise
     if newer:
         store.delete([where])
         raise _lost(spec_path, newer[-1])
 
 
-def _is_ours(store: Store, where: str, data: bytes, error: XserError | None = None) -> bool:
-    """Whether record ``where`` holds ``data``. When that cannot be read, ``error`` (the create's failure) is marked
-    ``keep_prefix``: the checkpoint may be committed, so the failed save must not delete it (if it was not, the next
-    save's clean-up does)."""
+def _is_ours(store: Store, where: str, data: bytes) -> bool | None:
+    """Whether record ``where`` holds ``data``: True, False (another record, or none), None when it cannot be read."""
     try:
         return store.read_bytes(where, "commit record", limit=MAX_RECORD) == data
-    except XserError:
-        if error is not None:
-            try:
-                there = store.exists(where)
-            except XserError:
-                there = True
-            if there:
-                error.keep_prefix = True  # type: ignore[attr-defined]
+    except StorageError:
+        return None
+    except DataError:  # missing, or larger than any record of ours
         return False
+
+
+def _unknown(spec_path: str, seq: int) -> CheckpointError:
+    e = CheckpointError(f"commit {seq} exists but could not be read back to tell whether it is this save's; this save's "
+                        "objects are kept (the next save or listing tells)", Location(spec_path))
+    e.keep_prefix = True  # type: ignore[attr-defined]
+    return e
 
 
 def _lost(spec_path: str, seq: int) -> CheckpointError:
@@ -393,9 +428,18 @@ def _lost(spec_path: str, seq: int) -> CheckpointError:
 
 
 def clean_up(store: Store, spec_path: str, seq: int, keep: list[str]) -> list[str]:
-    """After commit ``seq``: delete every checkpoint prefix numbered ``seq`` or lower that ``keep`` does not list (dropped
-    by this commit, or left by killed and losing saves), and commit records older than ``KEEP_RECORDS``. Returns the
-    prefixes removed. Prefixes numbered above ``seq`` belong to saves in progress and stay."""
+    """After commit ``seq``: delete every checkpoint prefix numbered ``seq`` or lower that the newest record does not
+    list (dropped by this commit, or left by killed and losing saves), and commit records older than ``KEEP_RECORDS``.
+    Returns the prefixes removed. Prefixes numbered above ``seq`` belong to saves in progress and stay.
+
+    The newest record is read again first: only when it is ``seq`` is anything deleted, and what it names is kept
+    (``keep`` must agree with it). A newer record means another saver committed since (its own clean-up runs); a
+    record ``seq`` with other contents means a store without conditional writes let another saver overwrite it: its
+    checkpoints stay, this save's are the ones dropped. Either way no record ever names a deleted object."""
+    newest, record = latest(store, spec_path)
+    if newest != seq or record is None:
+        return []
+    keep = [c["dir"] for c in record["checkpoints"]]
     root = data_root(store, spec_path)
     removed = []
     kept = set(keep)

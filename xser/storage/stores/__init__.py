@@ -20,7 +20,7 @@ from typing import Any
 from .base import ReadFile, Store
 from .local import LOCAL, LocalStore
 
-__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "beside", "is_url", "options", "parent_of", "store_for", "split_url"]
+__all__ = ["LOCAL", "LocalStore", "ReadFile", "Store", "beside", "is_url", "options", "parent_of", "store_for"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -47,12 +47,6 @@ def beside(path: str, rel: str) -> str:
         parts = "/".join(p for p in rel.split("/") if p not in ("", "."))
         return base + parts if base.endswith("/") else f"{base}/{parts}"
     return os.path.join(parent_of(path), rel)
-
-
-def split_url(path: str) -> tuple[str, str]:
-    """(scheme, rest) of a URL; ("", path) for a local path."""
-    m = _URL.match(path)
-    return (m.group(1).lower(), path[m.end():]) if m else ("", path)
 
 
 #: the ``storage_options`` of the public call in progress (``options``): every store that call opens for a URL uses

@@ -5,7 +5,7 @@ A store is chosen by the path (``stores.store_for``): ``LocalStore`` for paths o
 protocol). Paths are given whole (the URL or the local path the user wrote), so every error names
 what the user wrote. Above the stores sit the codecs (``formats/``), the manifest and the two commit
 protocols: directories renamed into slots on a local disk (``disk/``), commit records on an
-object store (``remote/``).
+object store (``objects/``).
 
 Shaped after PyTorch DCP's ``FileSystemBase`` (one writer over a local and an fsspec filesystem) and
 fsspec's ``AbstractFileSystem`` (``cat_file`` with ranges, ``pipe_file`` with ``mode="create"``).

@@ -63,6 +63,7 @@ _TRANSIENT_ERRNO = {
 _TRANSIENT_CODES = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed", "InternalError",
     "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequestsException", "ProvisionedThroughputExceededException",
+    "ConditionalRequestConflict",  # S3: a concurrent conditional write to the key is in progress (retry: 412 then)
 }  # fmt: skip
 _CREDENTIAL_NAMES = {
     "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError",
@@ -87,7 +88,7 @@ def kind_of(e: BaseException) -> str:
             return "denied"
     for x in chain:
         code, status = _code_status(x)
-        if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+        if code in _TRANSIENT_CODES or (status is not None and (status >= 500 and status not in (501, 505) or status == 429)):
             return "transient"
         if _names(x) & _TRANSIENT_NAMES:
             return "transient"

@@ -29,10 +29,13 @@ def read_limited(store: Any, url: str, what: str, limit: int) -> bytes:
         raise DataError(f"{what} is not a file", Location(url))
     if int(info.get("size") or 0) > limit:
         raise DataError(f"{what} is larger than {limit} bytes", Location(url))
-    try:  # replaced between the two requests: read what is there now
-        return store._call("read", url, store.fs.cat_file, store._path(url))
+    try:  # replaced between the two requests: read what is there now, never more than the limit + 1
+        data = store._call("read", url, store.fs.cat_file, store._path(url), start=0, end=limit + 1)
     except (FileNotFoundError, IsADirectoryError):
         raise store._missing(url, what) from None
+    if len(data) > limit:
+        raise DataError(f"{what} is larger than {limit} bytes", Location(url))
+    return data
 
 
 class RemoteFile:
