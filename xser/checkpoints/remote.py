@@ -15,7 +15,8 @@ from ..spec.saved import edit_lost, hand_edit
 from ..storage.disk.commit import counts, manifest_of, new_id
 from ..storage.layout import EDITED_MARK
 from ..storage.listing import Checkpoint, scan
-from ..storage.objects.commit import RemoteScan, clean_up, commit, entry_of, entry_of_listed, finish_remote, stage_remote
+from ..storage.objects.commit import RemoteScan, clean_up, commit, entry_of_listed
+from ..storage.objects.staging import entry_of, finish_remote, stage_remote
 from ..storage.plan import plan_save
 from ..storage.stores import store_for
 from ..storage.write import write
