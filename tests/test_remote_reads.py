@@ -131,7 +131,7 @@ def test_remote_file_head_and_known_size(remote_root, monkeypatch):
 def test_writers_go_on_while_files_upload(remote_root, monkeypatch):
     """A writer hands its finished file to the upload threads and writes the next one: while the first upload is in
     flight, more files are finished (with 2 threads, 2 uploads in flight and 2 more files written)."""
-    from xser.storage.objects.commit import RemoteStaging
+    from xser.storage.objects.staging import RemoteStaging
 
     handed = []
     gate = threading.Event()
