@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import xser  # noqa: E402
+from bench_partial_load import Matrix  # noqa: E402  (the matrix component of the partial-load benchmark)
 from bench_save_load import Blob, machine_header  # noqa: E402
 
 MOTO_CHILD = r"""
@@ -57,15 +58,6 @@ print(f"http://{host}:{port}", flush=True)
 sys.stdin.read()  # until the benchmark closes our stdin
 server.stop()
 """
-
-
-@xser.serializable(tag="!BenchMatrix")
-class Matrix:
-    rows: int
-    cols: int
-
-    def __attrs_post_init__(self):
-        xser.params(self).add("W", (self.rows, self.cols), init="zeros")
 
 
 def parse_size(text: str) -> int:

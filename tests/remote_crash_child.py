@@ -38,19 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-import components  # noqa: E402
+import components  # noqa: E402,F401  (registers the test components)
+from crash_child import lin, op_restart, setup_restart  # noqa: E402  (the same operations as on a local disk)
 import xser  # noqa: E402
 from xser.storage import stores  # noqa: E402
 from xser.storage.listing import scan  # noqa: E402
 from xser.storage.objects import commit as objects  # noqa: E402
 from xser.storage.stores.remote import FsspecStore  # noqa: E402
-
-
-def lin(in_dim: int, out_dim: int, value: float) -> components.Linear:
-    m = components.Linear(in_dim, out_dim)
-    m.W[...] = value
-    m.b[...] = value
-    return m
 
 
 def state(step: int) -> dict:
@@ -81,19 +75,6 @@ def op_rotate(d):  # keep=2: drops checkpoint 1
     m.W[...] = 3
     with xser.CheckpointSaver(f"{d}/m.yaml", keep=2) as s:
         s.save(m, step=3, training_state=state(3))
-
-
-def setup_restart(d):
-    m = lin(4, 3, 0.0)
-    with xser.CheckpointSaver(f"{d}/m.yaml", keep=3) as s:
-        for step in (1, 2, 3):
-            m.W[...] = step
-            s.save(m, step=step)
-
-
-def op_restart(d):
-    with xser.CheckpointSaver(f"{d}/m.yaml", keep=3, restart=True) as s:
-        s.save(lin(4, 5, 9.0), step=1)
 
 
 def setup_tool(d):
