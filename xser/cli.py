@@ -15,6 +15,7 @@ from ._version import __version__
 from ._cli_options import (_add_storage_options, _default_config, _no_model_directories, _ranges, _avg_usage, _checked, _culling, _dismec_usage, _inspect_usage, _int_list, _positive,
                            _precision, _size, _storage_options, _weight_list, _which)
 from .errors import XserError
+from .storage.fsutil import to_devnull
 
 __all__ = ["main"]
 
@@ -387,8 +388,7 @@ def main(argv: list[str] | None = None, *, command: str | None = None, prog: str
         print(f"error: {e}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # output piped into head & co. (before OSError, of which it is one)
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), sys.stdout.fileno())  # the interpreter's last flush at exit then goes nowhere
+        to_devnull(sys.stdout.fileno())  # the interpreter's last flush at exit then goes nowhere
         return 0
     except OSError as e:  # a path the command was given cannot be made or written (a file in the way, /proc, ...)
         if args.debug:

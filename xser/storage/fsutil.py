@@ -13,7 +13,7 @@ from ..errors import DataError, Location
 
 __all__ = [
     "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "mappable", "open_regular", "os_error", "pread_into",
-    "read_regular", "require_regular",
+    "read_regular", "require_regular", "to_devnull",
 ]
 
 # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused after the open); no effect on regular files
@@ -181,3 +181,13 @@ def pread_into(f: Any, view: Any, offset: int) -> int:
 
 
 _SEEK_LOCK = threading.Lock()
+
+
+def to_devnull(fd: int) -> None:
+    """Point descriptor ``fd`` (stdout after a broken pipe) at the null device: later writes and the interpreter's
+    last flush go nowhere."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
