@@ -15,6 +15,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 #: (layer, rank, module prefixes), bottom to top; the same table is in docs/design.md.
 LAYERS = [
     ("errors", 0, ("xser.errors", "xser._version")),
+    ("dist", 0.5, ("xser.dist",)),
     ("storage", 1, ("xser.storage",)),
     ("spec", 2, ("xser.spec",)),
     ("model", 3, ("xser.model",)),
