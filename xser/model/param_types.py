@@ -43,6 +43,7 @@ class AddOptions(TypedDict, total=False):
     init: str | Callable[..., Any] | np.ndarray
     trainable: bool
     format: str | None
+    rows: tuple[int, int] | None
 
 
 class TorchLike(Protocol):

@@ -20,10 +20,10 @@ import numpy as np
 from .inits import INITS
 from ..errors import DataError, Location, RegistryError, shape_str
 from ..storage.dtypes import dtype_problem, resolve
-from .names import NAME_RE, _shape
-from .tables import SEP, HashTable, new_table
+from .names import NAME_RE, _held_rows, _shape
+from .tables import SEP, HashTable, IdSlice, new_table
 from .param_types import AddOptions, ParamDecl, ShapeLike, TorchLike, TorchParams
-from .places import GONE, get_place, places_of, put_place, show_place
+from .places import GONE, get_place, places_of, put_place, rebound
 from .registry import info_for
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ SUBCOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.[0-9a-f]{8}")
 class Source(Protocol):
     def claim(self) -> None: ...
 
-    def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None: ...
+    def fetch(self, subcol: str, name: str, shape: tuple[int, ...], dtype: np.dtype, rows: tuple[int, int] | None = None) -> np.ndarray | None: ...
 
 
 @attrs.define
@@ -82,6 +82,8 @@ class Subcollection:
         self._places: dict[str, list[tuple]] = {}  # param -> where the owner keeps its array (see bind)
         self._partial: dict[str, tuple[int, int]] = {}  # param -> rows held, for a model loaded with rows=
         self._tables: dict[str, HashTable] = {}
+        self._sharded: set[str] = set()  # params declared with add(..., rows=): this process holds those rows
+        self._slices: dict[str, IdSlice] = {}  # tables declared with add_table(..., slice=): the ids this process holds
 
     # what type checkers see: the array's dtype follows ``dtype`` (default float32); see param_types
     @overload
@@ -120,11 +122,15 @@ class Subcollection:
         dtype: Any = "float32",
         trainable: bool = True,
         format: str | None = None,
+        rows: tuple[int, int] | None = None,
     ) -> Any:
         """Declare a parameter and return its array (from disk when loading, else initialised).
 
         ``format`` names the weight format it is saved in (``"npy"``, ``"dense-text"``,
         ``"sparse-text"`` or a registered one); ``save(..., formats=...)`` can override it.
+        ``rows=(start, stop)``: this process holds only those rows of a parameter of ``shape`` (sharded over
+        the ranks of a job, ``xser.dist.rows(n)``): the array returned has ``stop - start`` rows; a load reads
+        only them, and a save with a coordinator writes each rank's rows into one parameter.
         """
         where = f"{self.name}: param {name!r}"
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -146,27 +152,39 @@ class Subcollection:
 
             if get_format(format) is None:
                 raise RegistryError(f"{where}: unknown weight format {format!r} (known: {', '.join(sorted(FORMATS))})")
-        arr = self._source.fetch(self.name, name, shape, dt) if self._source is not None else None
-        if arr is not None:
-            if arr.shape != shape:  # a row range (load(rows=...)): this object holds part of the parameter
-                self._partial[name] = getattr(self._source, "rows_of", lambda n: (0, arr.shape[0]))(name)
-        else:
-            arr = self._initial(where, init, shape, dt)
+        held = None if rows is None else _held_rows(rows, shape, where)
+        kw = {} if held is None else {"rows": held}
+        arr = self._source.fetch(self.name, name, shape, dt, **kw) if self._source is not None else None
+        if held is not None:  # add(..., rows=): this process holds those rows of the parameter
+            self._partial[name] = held
+            self._sharded.add(name)
+        if arr is None:
+            arr = self._initial(where, init, shape if held is None else (held[1] - held[0],) + shape[1:], dt)
+        elif held is None and arr.shape != shape:  # a row range (load(rows=...)): this object holds part of it
+            self._partial[name] = getattr(self._source, "rows_of", lambda n: (0, arr.shape[0]))(name)
         self._decls[name] = ParamDecl(name, shape, dt, bool(trainable), format)
         self._arrays[name] = arr
         return arr
 
     def add_table(
         self, name: str, dim: Any, *, dtype: Any = "float32", slots: Any = (), init: str | Callable = "zeros",
+        slice: IdSlice | None = None,
     ) -> HashTable:
         """Declare a hash table: rows of shape ``dim`` keyed by int64 ids, with optional ``slots`` (optimizer
         state) of the same rows. Filled from disk when loading, else empty; ``init`` makes the rows of ids
-        that ``get(..., insert=True)`` or ``set(..., slot=...)`` add."""
+        that ``get(..., insert=True)`` or ``set(..., slot=...)`` add. ``slice=xser.IdSlice(begin, end, size)``:
+        this process holds the ids with ``id % size`` in ``[begin, end)`` (RecIS's rule): a load reads only
+        those, and a save with a coordinator writes each rank's ids into one table."""
         if isinstance(name, str) and (name in self._decls or name in self._tables):
             raise RegistryError(f"{self.name}: table {name!r} is declared twice")
+        if slice is not None and not isinstance(slice, IdSlice):
+            raise RegistryError(f"{self.name}: table {name!r}: slice must be an xser.IdSlice, got {type(slice).__name__}")
         table = new_table(self.name, name, dim, dtype=dtype, slots=slots, init=init, rng=self._rng, inits=INITS)
+        if slice is not None:
+            self._slices[name] = slice
         if self._source is not None:
-            parts = self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype)
+            kw = {} if slice is None else {"which": slice}
+            parts = self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype, **kw)
             if parts is not None:
                 table.load(parts, None)
         self._tables[name] = table
@@ -175,6 +193,16 @@ class Subcollection:
     @property
     def tables(self) -> dict[str, HashTable]:
         return dict(self._tables)
+
+    @property
+    def slices(self) -> dict[str, IdSlice]:
+        """Tables declared with ``add_table(..., slice=)``: the ids this process holds."""
+        return dict(self._slices)
+
+    @property
+    def sharded(self) -> dict[str, tuple[int, int]]:
+        """Parameters declared with ``add(..., rows=)``: the rows this process holds, ``(start, stop)``."""
+        return {n: self._partial[n] for n in self._sharded}
 
     def table_arrays(self) -> dict[str, tuple[np.ndarray, bool]]:
         """The tables' parts to save, ``{"emb@id": (ids, False), "emb@embedding": (rows, True), ...}``."""
@@ -212,16 +240,27 @@ class Subcollection:
                 f"param {name!r}: a parameter's value is a numpy array, got {type(value).__module__}.{type(value).__qualname__}",
                 Location(path=self.name),
             )
-        if value.shape != decl.shape or value.dtype != decl.dtype:
+        want = self._local_shape(name)
+        if value.shape != want or value.dtype != decl.dtype:
+            held = f" (rows {self._partial[name][0]}:{self._partial[name][1]} of {shape_str(decl.shape)})" if name in self._sharded else ""
             raise DataError(
-                f"param {name!r}: new value is {shape_str(value.shape)} {value.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                f"param {name!r}: new value is {shape_str(value.shape)} {value.dtype}, declared {shape_str(want)} {decl.dtype}{held}",
                 Location(path=self.name),
             )
         for place in self._places.get(name, []):
             put_place(self._owner, place, value)
         self._arrays[name] = value
-        self._partial.pop(name, None)
+        if name not in self._sharded:
+            self._partial.pop(name, None)
         self._places[name] = [p for p in self._places.get(name, []) if get_place(self._owner, p) is value]
+
+    def _local_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of the array this process holds: the declared one, or its rows for ``add(..., rows=)``."""
+        shape = self._decls[name].shape
+        if name in self._sharded:
+            first, stop = self._partial[name]
+            return (stop - first,) + shape[1:]
+        return shape
 
     @property
     def owner(self) -> Any:
@@ -303,49 +342,25 @@ class Subcollection:
         holds a *new* numpy array of the declared shape and dtype (``self.W = self.W - lr * g``),
         that array is adopted. Anything else there (another type, shape or dtype, or two different
         new arrays) is a ``DataError`` that names the place and says how to update the parameter.
-        A parameter held only in part (``load(rows=...)``) cannot be saved.
+        A parameter held only in part (``load(rows=...)``) cannot be saved; one declared with
+        ``add(..., rows=)`` gives the rows this process holds (a save with a coordinator puts them together).
         """
         out = {}
         for name, decl in self._decls.items():
-            if name in self._partial:
+            if name in self._partial and name not in self._sharded:
                 first, stop = self._partial[name]
                 raise DataError(
                     f"param {name!r} holds rows {first}:{stop} of its {decl.shape[0]} (the model was loaded with rows=); "
                     "a partial model cannot be saved: load it without rows= to save it",
                     Location(path=self.name),
                 )
-            arr = self._arrays[name]
-            changed = {}
-            for place in self._places.get(name, []):
-                now = get_place(self._owner, place, GONE)
-                if now is not arr and now is not GONE:
-                    changed.setdefault(id(now), (place, now))
-            if changed:
-                place, now = next(iter(changed.values()))
-                where = show_place(place)
-                how = f"update it in place (obj{where[len('attribute '):]}[...] = new) or with xser.params(obj)[{name!r}] = new"
-                if len(changed) > 1:
-                    shown = " and ".join(show_place(p) for p, _ in changed.values())
-                    raise DataError(f"param {name!r}: {shown} hold different new values; {how}", Location(path=self.name))
-                if not isinstance(now, np.ndarray):
-                    kind = f"{type(now).__module__}.{type(now).__qualname__}".replace("builtins.", "")
-                    raise DataError(
-                        f"param {name!r}: {where} holds a {kind} now, not the parameter's numpy array; {how}",
-                        Location(path=self.name),
-                    )
-                if now.shape != decl.shape or now.dtype != decl.dtype:
-                    raise DataError(
-                        f"param {name!r}: {where} was rebound to {shape_str(now.shape)} {now.dtype}, "
-                        f"declared {shape_str(decl.shape)} {decl.dtype}"
-                        + (f"; keep the dtype: .astype(np.{decl.dtype}) on the new value, or update in place ([...] =)"
-                           if now.shape == decl.shape else ""),
-                        Location(path=self.name),
-                    )
-                self._arrays[name] = arr = now
-                self._places[name] = [p for p in self._places[name] if get_place(self._owner, p, GONE) is now]
-            if arr.shape != decl.shape or arr.dtype != decl.dtype:
+            arr = rebound(self._owner, self.name, name, self._arrays[name], self._places.get(name, []), self._local_shape(name), decl.dtype)
+            if arr is not self._arrays[name]:
+                self._arrays[name] = arr
+                self._places[name] = [p for p in self._places[name] if get_place(self._owner, p, GONE) is arr]
+            if arr.shape != self._local_shape(name) or arr.dtype != decl.dtype:
                 raise DataError(
-                    f"param {name!r} holds {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(decl.shape)} {decl.dtype}",
+                    f"param {name!r} holds {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(self._local_shape(name))} {decl.dtype}",
                     Location(path=self.name),
                 )
             out[name] = (arr, decl.trainable)

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["GONE", "get_place", "places_of", "put_place", "show_place"]
+import numpy as np
+
+from ..errors import DataError, Location, shape_str
+
+__all__ = ["GONE", "get_place", "places_of", "put_place", "rebound", "show_place"]
 
 GONE = object()
 
@@ -48,3 +52,31 @@ def put_place(owner: Any, place: tuple, new: Any) -> None:
 
 def show_place(place: tuple) -> str:
     return f"attribute .{place[1]}" if place[0] == "attr" else f"attribute .{place[1]}[{place[2]!r}]"
+
+
+def rebound(owner: Any, sub: str, name: str, arr: np.ndarray, places: list, want: tuple, dtype: np.dtype) -> np.ndarray:
+    """The parameter's array now: ``arr``, or the new numpy array of shape ``want`` and ``dtype`` that the places where
+    the owner kept it hold (``self.W = self.W - lr * g``). Anything else there is a ``DataError`` naming the place."""
+    changed = {}
+    for place in places:
+        now = get_place(owner, place, GONE)
+        if now is not arr and now is not GONE:
+            changed.setdefault(id(now), (place, now))
+    if not changed:
+        return arr
+    place, now = next(iter(changed.values()))
+    where = show_place(place)
+    how = f"update it in place (obj{where[len('attribute '):]}[...] = new) or with xser.params(obj)[{name!r}] = new"
+    if len(changed) > 1:
+        shown = " and ".join(show_place(p) for p, _ in changed.values())
+        raise DataError(f"param {name!r}: {shown} hold different new values; {how}", Location(path=sub))
+    if not isinstance(now, np.ndarray):
+        kind = f"{type(now).__module__}.{type(now).__qualname__}".replace("builtins.", "")
+        raise DataError(f"param {name!r}: {where} holds a {kind} now, not the parameter's numpy array; {how}", Location(path=sub))
+    if now.shape != want or now.dtype != dtype:
+        raise DataError(
+            f"param {name!r}: {where} was rebound to {shape_str(now.shape)} {now.dtype}, declared {shape_str(want)} {dtype}"
+            + (f"; keep the dtype: .astype(np.{dtype}) on the new value, or update in place ([...] =)" if now.shape == want else ""),
+            Location(path=sub),
+        )
+    return now

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
 from .serialize import saved_args
 from .tables import select
+from ..dist import current
 from ..spec import parse
 from ..spec.saved import check_saved
 from ..storage.manifest import SPEC_FILE
@@ -46,6 +47,8 @@ class Store:
         self.used: dict[str, set[str]] = {}
 
     def prefetch(self, names: set[str]) -> None:
+        if current().world_size > 1:  # each rank reads only what it declares (add(..., rows=), add_table(..., slice=))
+            return
         entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
         entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
@@ -66,7 +69,8 @@ class Store:
             raise self.mismatch(f"subcollection is missing from the data directory{near}", here, where)
         self.used.setdefault(stored, set())
 
-    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None) -> np.ndarray:
+    def fetch(self, stored: str, name: str, shape: tuple, dtype: np.dtype, where: Location | None,
+              held: tuple[int, int] | None = None) -> np.ndarray:
         self.claim(stored, where)
         sub = self.dir.subcollections[stored]
         here = Location(os.path.join(self.dir.path, stored))
@@ -77,7 +81,7 @@ class Store:
         if entry is None:
             raise self.mismatch(f"param {name!r} is missing on disk (on disk: {', '.join(sub) or 'none'}); a parameter added "
                                 "since the save: load(..., missing=\"init\") starts it from its declared init", here, where)
-        partial = self.rows.get(f"{stored}/{name}")
+        partial = self.rows.get(f"{stored}/{name}") if held is None else held  # add(..., rows=): only this rank's rows
         if partial is not None and entry.shape[1:] == shape[1:] and entry.shape[:1] == shape[:1]:
             shape = entry.shape  # a row range of a declared shape: checked by the read
         elif entry.shape != shape:
@@ -87,7 +91,7 @@ class Store:
             raise self.mismatch(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here, where if self.edited else None)
         self.used.setdefault(stored, set()).add(name)
         fut = self.futures.pop((stored, name), None)
-        if fut is None:
+        if fut is None or held is not None:
             return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
         return fut.result()
 
@@ -108,7 +112,8 @@ class Store:
             self.migrated[stored] = out
         return self.migrated[stored]
 
-    def fetch_table(self, stored: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, where: Location | None) -> dict:
+    def fetch_table(self, stored: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, where: Location | None,
+                    which: Any = None) -> dict:
         """A table's parts (``{"id": ids, "embedding": rows, slot: rows}``), checked against the declaration; only the
         ids a partial load asks for (``tables={"sub/name": ids or IdSlice}``), read in chunks of rows."""
         self.claim(stored, where)
@@ -135,7 +140,7 @@ class Store:
         for part in entries:
             self.used.setdefault(stored, set()).add(f"{name}@{part}")
         ids = self.dir.read(ids_e, verify=self.verify)
-        which = self.tables.get(f"{stored}/{name}")
+        which = self.tables.get(f"{stored}/{name}") if which is None else which  # add_table(..., slice=) first
         if which is None:
             out = {"id": ids} | {p: self.dir.read(e, verify=self.verify) for p, e in entries.items() if p != "id"}
         else:
@@ -236,13 +241,13 @@ class _Source:
             )
         self.origin.store.claim(self.origin.stored_name, self.where)
 
-    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-        """The saved array (None: start from the declared init, with ``missing="init"``)."""
+    def fetch(self, subcol: str, name: str, shape: tuple, dtype: np.dtype, rows: tuple[int, int] | None = None) -> np.ndarray | None:
+        """The saved array (None: start from the declared init, with ``missing="init"``); ``rows``: only those."""
         if self.fresh:
             return None
         store, stored = self.origin.store, self.origin.stored_name
         if self.migration is None:
-            return store.fetch(stored, name, shape, dtype, self.where)
+            return store.fetch(stored, name, shape, dtype, self.where, rows)
         fn, version, tag = self.migration
         arrays = store.migrate(stored, fn, version, tag, self.where)
         here = Location(os.path.join(store.dir.path, stored))
@@ -256,7 +261,7 @@ class _Source:
         if arr.shape != shape or arr.dtype != dtype:
             raise DataError(f"param {name!r}: migrated to {shape_str(arr.shape)} {arr.dtype}, declared {shape_str(shape)} {dtype}"
                             + _at(self.where), here)
-        return arr
+        return arr if rows is None else arr[rows[0]:rows[1]]
 
     @property
     def stored(self) -> str | None:
@@ -324,11 +329,11 @@ class _Source:
         """The error for parameters that do not match the spec (``Store.mismatch``: a ``SpecError`` at a hand edit)."""
         return self.origin.store.mismatch(message, self.location(), self.where)
 
-    def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype) -> dict | None:
+    def fetch_table(self, subcol: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, which: Any = None) -> dict | None:
         self.claim()
         if self.fresh:
             return None
-        return self.origin.store.fetch_table(self.origin.stored_name, name, parts, dim, dtype, self.where)
+        return self.origin.store.fetch_table(self.origin.stored_name, name, parts, dim, dtype, self.where, which)
 
     def rows_of(self, name: str) -> tuple[int, int] | None:
         """The row range this build loads of a parameter (``load(rows=...)``), if any."""

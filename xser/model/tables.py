@@ -193,12 +193,17 @@ class HashTable:
         return out
 
     def load(self, parts: dict[str, np.ndarray], where: Location | None) -> None:
-        """Replace the contents by saved parts (ids sorted and unique, every part as long as the ids)."""
+        """Replace the contents by saved parts (ids unique, every part as long as the ids). The ids of a table saved
+        by several ranks are sorted within each rank's block: they are put in order here."""
         ids = parts[ID]
         if ids.ndim != 1 or ids.dtype != np.int64:
             raise DataError(f"table {self.name!r}: ids are {shape_str(ids.shape)} {ids.dtype}, expected 1-D int64", where)
         if ids.size > 1 and not (ids[1:] > ids[:-1]).all():
-            raise DataError(f"table {self.name!r}: ids are not sorted and unique", where)
+            order = np.argsort(ids, kind="stable")
+            ids = ids[order]
+            if (ids[1:] == ids[:-1]).any():
+                raise DataError(f"table {self.name!r}: ids are not unique (id {int(ids[1:][ids[1:] == ids[:-1]][0])} twice)", where)
+            parts = {p: (a if p == ID else np.asarray(a)[order]) for p, a in parts.items()} | {ID: ids}
         for p in self._parts:
             a = parts[p]
             if a.shape != ids.shape + self.dim or a.dtype != self.dtype:
