@@ -15,6 +15,7 @@ import attrs
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from .dist import Coordinator, using
 from .checkpoints.saver import SaveOptions, save_model
 from .errors import CheckpointError, DataError, Location, SpecError, did_you_mean, key_lists
 from .model.build import ExperimentSpec, build_spec
@@ -103,14 +104,16 @@ class ExperimentSet(dict):
 
 
 def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = None, seed: Any = None,
-          storage_options: Mapping[str, Any] | None = None) -> Any:
+          storage_options: Mapping[str, Any] | None = None, coordinator: Coordinator | None = None) -> Any:
     """Build the object graph of one experiment (parameters are numpy arrays).
 
     Components loaded with ``!LoadSerialized`` come from one whole checkpoint each; if one is
     pruned while it is read, the build starts over. ``storage_options``: for models it loads from an object store.
+    ``coordinator``: the job this process is a rank of (``xser.dist.current()`` in the components' constructors,
+    for ``add(..., rows=xser.dist.rows(n))``).
     """
     where = getattr(spec, "file", None) or "<spec>"
-    with options(storage_options):
+    with options(storage_options), using(coordinator):
         return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
 
 
@@ -127,6 +130,7 @@ def save(
     threads: int = 2,
     shards: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    coordinator: Coordinator | None = None,
 ) -> None:
     """Save ``obj`` as ``path`` (the spec) and ``path.data/`` (its parameters and its own spec copy).
 
@@ -144,10 +148,13 @@ def save(
     at once. ``shards=N`` packs every array stored as npy into at most N safetensors containers
     (``model-000000-of-00000N.safetensors``), each written by its own thread; the manifest records each
     array's file, offset and length (a row range reads only its bytes).
+    ``coordinator=xser.dist.TorchDistributed()``, called on every rank of a job: one checkpoint from all of them,
+    each rank writing its own rows, id slices and a share of the replicated arrays, rank 0 committing once
+    (``docs/distributed.md``); every rank returns after the commit, or every rank raises.
     """
     with options(storage_options):
         save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards), name=name, training=training,
-                   custom=custom)
+                   custom=custom, coordinator=coordinator)
 
 
 def load(
@@ -164,6 +171,7 @@ def load(
     tables: dict | None = None,
     missing: str = "error",
     storage_options: Mapping[str, Any] | None = None,
+    coordinator: Coordinator | None = None,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
@@ -184,6 +192,8 @@ def load(
     ``missing="init"``: a parameter the code declares but the checkpoint lacks (added to the class since
     the save) starts from its declared ``init``, as does a new child component; what was initialised is
     logged as a warning (logger ``xser``). The default refuses, naming the parameter.
+    ``coordinator``: the job this process is a rank of; components that declare ``add(..., rows=xser.dist.rows(n))``
+    or ``add_table(..., slice=...)`` read only their rows and ids, at any world size (``docs/distributed.md``).
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
@@ -193,7 +203,7 @@ def load(
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
             return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
 
-    with options(storage_options):
+    with options(storage_options), using(coordinator):
         return retrying(path, once)
 
 

@@ -121,7 +121,7 @@ class TorchDistributed:
 
     def _unreachable(self, e: Exception, what: str) -> RankFailure:
         self._broken = "the job's store is unreachable"
-        return RankFailure(f"the job's store is unreachable while {what} (rank 0, or the launcher holding it, died?): "
+        return RankFailure(f"the job's store is unreachable while {what} (rank 0 died, or the launcher that holds the store): "
                            f"{_first_line(e)}")
 
     def _wait_for(self, keys: dict[int, str], seconds: float, what: str) -> dict[int, Any]:

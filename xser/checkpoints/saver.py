@@ -31,7 +31,9 @@ from .common import SaveOptions, SaveReport, before_writing
 from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote, write_new_model_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
+from .distributed import save_distributed
 from .snapshot import Snapshot, snapshot
+from ..dist import Local, round_
 
 __all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
 
@@ -47,16 +49,21 @@ def _clear_spec(path: str, text: str, edit: Any, durable: bool) -> None:
                      "object", path, kept, attrs.evolve(edit, path=kept).difference())
 
 
-def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
-    """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
+def _write_into(staging: Any, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
+    """plan -> write -> finish into a staging directory."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
         formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
     )
-    staging = stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
     results = write(staging.path, plan, durable=options.durable, threads=max(options.threads, options.shards or 0))
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
     return staging
+
+
+def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
+    """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
+    staging = stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
+    return _write_into(staging, snap, options, previous, model)
 
 
 def refuse_special_spec(path: str) -> None:
@@ -72,6 +79,69 @@ def os_errors(path: str) -> Iterator[None]:
         yield
     except OSError as e:
         raise os_error(e, "cannot save the model", path, CheckpointError) from None
+
+
+class Prepared:
+    """A local save between its first and last step (model lock held): the model's checkpoints scanned and
+    recovered, the new one checked against them, and a staging directory to write it into. ``publish()``
+    makes the staged checkpoint the newest (replace, rotate, or start a new model); ``close()`` without it
+    removes the staging directory. A distributed save holds one on rank 0 while every rank writes."""
+
+    def __init__(self, path: str, snap: Any, options: SaveOptions, *, policy: Policy | None, restart: bool,
+                 check_all: bool, skip_duplicates: bool) -> None:
+        self.path, self.snap, self.options, self.policy, self.restart = path, snap, options, policy, restart
+        self.stack = contextlib.ExitStack()
+        self.staging: Any = None
+        try:
+            refuse_special_spec(path)
+            self.s = self.stack.enter_context(scan(path, saver=True))
+            self.aside = recover(path, self.s, durable=options.durable)
+            self.existing = self.s.listed
+            self.edit = hand_edit(path, self.existing[0][1], [d for _, d in self.existing]) if self.existing else None
+            newest = os.path.abspath(data_dir_of(path, 0))
+            self.previous, self.model, self.skip = before_writing(
+                path, snap, options, self.existing, replaced=lambda c: os.path.abspath(c.path) == newest, policy=policy,
+                restart=restart, check_all=check_all, skip_duplicates=skip_duplicates)
+            if not self.skip:
+                self.staging = self.stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
+        except BaseException:
+            self.stack.close()
+            raise
+
+    def close(self) -> None:
+        """Done, or given up: a staging directory not published is removed."""
+        self.stack.__exit__(*((RuntimeError, RuntimeError("not published"), None) if self.staging is not None and not
+                              getattr(self, "published", False) else (None, None, None)))
+
+    def publish(self) -> SaveReport:
+        """Publish the staged checkpoint (its manifest written), then bring the top-level spec file in step."""
+        if self.skip:
+            self.close()
+            return SaveReport(True, None, set_aside=self.aside)
+        path, staging, existing, options, s = self.path, self.staging, self.existing, self.options, self.s
+        _clear_spec(path, self.snap.spec_text, self.edit, options.durable)
+        if self.restart:
+            drop = [c.path for c, _ in existing]
+            publish_new_model(path, [staging.path], drop, options.durable)
+        elif self.policy is None:
+            drop = [c.path for c, _ in existing if os.path.abspath(c.path) == os.path.abspath(data_dir_of(path, 0))]
+            replace_newest(path, staging.path, options.durable)
+        else:
+            meta = staging.manifest
+            new = Checkpoint(0, staging.path, meta["step"], meta["created"], meta["metrics"])
+            listed = [new] + [attrs.evolve(c, index=i + 1) for i, (c, _) in enumerate(existing)]
+            kept = retain(listed, self.policy)
+            keep_dirs = [listed[i].path for i in kept if i > 0]
+            drop = [c.path for c, _ in existing if c.path not in keep_dirs]
+            rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
+        self.published = True
+        removed = tuple(attrs.evolve(c, path=data_dir_of(path, s.slots[c.path])) for c, _ in existing if c.path in drop)
+        self.stack.close()
+        spec_written = sync_spec(path, self.snap.spec_text, options.durable)
+        return SaveReport(
+            False, data_dir_of(path, 0), staging.written, staging.linked, removed, spec_written, staging.manifest["id"],
+            self.aside,
+        )
 
 
 def save_locked(
@@ -90,45 +160,45 @@ def save_locked(
     if is_url(path):
         return save_remote(path, snap, options, policy=policy, restart=restart, check_all=check_all,
                            skip_duplicates=skip_duplicates, since=since)
-    refuse_special_spec(path)
-    with scan(path, saver=True) as s:
-        aside = recover(path, s, durable=options.durable)
-        existing = s.listed
-        edit = hand_edit(path, existing[0][1], [d for _, d in existing]) if existing else None
-        newest = os.path.abspath(data_dir_of(path, 0))
-        previous, model, skip = before_writing(
-            path, snap, options, existing, replaced=lambda c: os.path.abspath(c.path) == newest, policy=policy,
-            restart=restart, check_all=check_all, skip_duplicates=skip_duplicates)
-        if skip:
-            return SaveReport(True, None, set_aside=aside)
-        with contextlib.ExitStack() as stack:
-            staging = _stage_and_write(stack, path, snap, options, previous, model)
-            _clear_spec(path, snap.spec_text, edit, options.durable)
-            if restart:
-                drop = [c.path for c, _ in existing]
-                publish_new_model(path, [staging.path], drop, options.durable)
-            elif policy is None:
-                drop = [c.path for c, _ in existing if os.path.abspath(c.path) == os.path.abspath(data_dir_of(path, 0))]
-                replace_newest(path, staging.path, options.durable)
-            else:
-                meta = staging.manifest
-                new = Checkpoint(0, staging.path, meta["step"], meta["created"], meta["metrics"])
-                listed = [new] + [attrs.evolve(c, index=i + 1) for i, (c, _) in enumerate(existing)]
-                kept = retain(listed, policy)
-                keep_dirs = [listed[i].path for i in kept if i > 0]
-                drop = [c.path for c, _ in existing if c.path not in keep_dirs]
-                rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
-            removed = tuple(attrs.evolve(c, path=data_dir_of(path, s.slots[c.path])) for c, _ in existing if c.path in drop)
-    spec_written = sync_spec(path, snap.spec_text, options.durable)
-    return SaveReport(
-        False, data_dir_of(path, 0), staging.written, staging.linked, removed, spec_written, staging.manifest["id"], aside,
-    )
+    prepared = Prepared(path, snap, options, policy=policy, restart=restart, check_all=check_all,
+                        skip_duplicates=skip_duplicates)
+    try:
+        if not prepared.skip:
+            _write_into(prepared.staging, snap, options, prepared.previous, prepared.model)
+        return prepared.publish()
+    finally:
+        prepared.close()
+
+
+class _LockedPrepared(Prepared):
+    """``Prepared`` that takes the model lock first and lets it go when done (``xser.save`` from several ranks: rank 0
+    takes it once it knows the ranks agree)."""
+
+    def __init__(self, path: str, *args: Any, **kw: Any) -> None:
+        self.lock = ModelLock(path).acquire()
+        try:
+            with os_errors(path):
+                super().__init__(path, *args, **kw)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.lock.release()
 
 
 def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = None, training: Any = None,
-               custom: Any = None, replace: Mapping[str, Any] | None = None) -> SaveReport:
+               custom: Any = None, replace: Mapping[str, Any] | None = None, coordinator: Any = None) -> SaveReport:
     """``xser.save``: snapshot, then replace the newest checkpoint under the model lock."""
     snap = snapshot(obj, path, name=name, training=training, custom=custom, formats=options.formats, replace=replace)
+    if coordinator is not None and coordinator.world_size > 1:
+        with os_errors(path):
+            return save_distributed(coordinator, snap, path, options, prepare=lambda whole: _LockedPrepared(
+                path, whole, options, policy=None, restart=False, check_all=True, skip_duplicates=False))
+    snap.refuse_parts()
     if is_url(path):
         return save_remote(path, snap, options, policy=None)
     with ModelLock(path), os_errors(path):
@@ -194,8 +264,10 @@ class CheckpointSaver:
         threads: int = 2,
         shards: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        coordinator: Any = None,
     ) -> None:
         self.path = os.fspath(path)
+        self.coordinator = coordinator if coordinator is not None else Local()
         self.storage_options = None if storage_options is None else dict(storage_options)
         #: on an object store (no lock to hold): the newest commit when the saver started, then its own last commit;
         #: a save that finds a newer one is a CheckpointError (another process saves this model too)
@@ -207,15 +279,28 @@ class CheckpointSaver:
         self.policy = as_policy(keep)
         self.restart = restart
         self._warned: set[tuple[str, str]] = set()
-        self._lock: Any = _Unlocked() if is_url(self.path) else ModelLock(self.path).acquire()
         self._checked = False
+        if self.coordinator.world_size > 1:  # rank 0 holds the lock for all; every rank learns if it could not
+            self._lock: Any = _Unlocked()
+
+            def take(_: list) -> None:
+                self._lock = self._open()
+
+            round_(self.coordinator, "opening the saver", lambda: None, take)
+        else:
+            self._lock = self._open()
+
+    def _open(self) -> Any:
+        """Take the model lock (none on an object store) and clean up after interrupted saves."""
+        lock: Any = _Unlocked() if is_url(self.path) else ModelLock(self.path).acquire()
         try:
             with os_errors(self.path):
                 if not is_url(self.path):
                     remove_leftovers(self.path)
         except BaseException:
-            self._lock.release()
+            lock.release()
             raise
+        return lock
 
     @property
     def durable(self) -> bool:
@@ -267,6 +352,14 @@ class CheckpointSaver:
             obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
             training_state_value=training_state, formats=self.options.formats,
         )
+        if self.coordinator.world_size > 1:
+            restart, check_all = self.restart and not self._checked, not self._checked
+            with os_errors(self.path):
+                report = save_distributed(self.coordinator, snap, self.path, self.options, prepare=lambda whole: Prepared(
+                    self.path, whole, self.options, policy=self.policy, restart=restart, check_all=check_all, skip_duplicates=False))
+            self._checked = True
+            return report
+        snap.refuse_parts()
         with os_errors(self.path), options(self.storage_options):
             report = save_locked(
                 self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,

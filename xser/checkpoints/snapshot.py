@@ -15,8 +15,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..errors import CheckpointError, DataError
+from ..errors import CheckpointError, DataError, Location
 from ..model.build import experiment_name
+from ..model.registry import info_for
 from ..model.serialize import to_tree
 from ..spec.saved import render_saved
 from ..storage import training_state
@@ -32,6 +33,18 @@ class Snapshot:
     formats: dict = attrs.field(factory=dict)  # patterns -> format; what save() says first, then declarations
     state_tree: Any = None
     state_arrays: dict | None = None
+    #: {sub: (place in the object graph, class tag, {param: (start, stop, full shape)} held in part, {table: IdSlice})}
+    layout: dict = attrs.field(factory=dict)
+
+    def refuse_parts(self) -> None:
+        """A save by one process needs every row: a parameter declared with ``add(..., rows=)`` that holds fewer is
+        refused (a save with a coordinator puts every rank's rows together)."""
+        for sub, (_, _, held, _) in self.layout.items():
+            for name, (a, b, shape) in held.items():
+                if (a, b) != (0, shape[0]):
+                    raise DataError(f"param {name!r} holds rows {a}:{b} of its {shape[0]} (add(..., rows=)): a save by one "
+                                    "process needs every row; save with coordinator=xser.dist.TorchDistributed() on every rank",
+                                    Location(path=sub))
 
     @property
     def structure(self) -> dict:
@@ -105,6 +118,11 @@ def snapshot(
     """
     tree, subcols = to_tree(obj)
     arrays = {sub_name: sub.current() for sub_name, (sub, _) in subcols.items()}
+    layout = {}
+    for sub_name, (sub, where) in subcols.items():
+        info = info_for(sub.owner)
+        held = {n: (a, b, sub.decls[n].shape) for n, (a, b) in getattr(sub, "sharded", {}).items()}
+        layout[sub_name] = (where, info.tag if info is not None else type(sub.owner).__qualname__, held, getattr(sub, "slices", {}))
     for key, item in (replace or {}).items():
         sub_name, _, pname = key.partition("/")
         arrays[sub_name][pname] = (item, arrays[sub_name][pname][1])
@@ -118,4 +136,4 @@ def snapshot(
     state_tree = state_arrays = None
     if training_state_value is not None:
         state_tree, state_arrays = training_state.encode(training_state_value)
-    return Snapshot(text, arrays, meta, merged, state_tree, state_arrays)
+    return Snapshot(text, arrays, meta, merged, state_tree, state_arrays, layout)

@@ -105,6 +105,8 @@ class Manifest:
     spec: Block | None = None  # the checkpoint's own spec file (format_version >= 2)
     state: Any = None  # the training-state tree with {"$array": key} markers, or None
     state_entries: dict = attrs.field(factory=dict)  # {key: ParamEntry}
+    #: a checkpoint saved by several ranks: each rank's (training dict, training-state tree or None, {key: ParamEntry})
+    ranks: tuple = ()
 
     @property
     def id(self) -> str | None:
@@ -245,7 +247,31 @@ def check_manifest(m: Any, mpath: str) -> Manifest:
         state = ts["tree"]
         state_entries = {k: _entry(STATE_DIR, k, e, mpath) for k, e in ts.get("arrays", {}).items()}
     meta = {k: v for k, v in m.items() if k != "subcollections"}
-    return Manifest(version, meta, entries, spec, state, state_entries)
+    return Manifest(version, meta, entries, spec, state, state_entries, _ranks(m, mpath))
+
+
+def _ranks(m: dict, mpath: str) -> tuple:
+    """``"world_size": n, "ranks": [{"training": {...}, "training_state": {...}}, ...]`` of a checkpoint saved by n
+    ranks, checked."""
+    if "ranks" not in m and "world_size" not in m:
+        return ()
+    n, ranks = m.get("world_size"), m.get("ranks")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or not isinstance(ranks, list) or len(ranks) != n:
+        raise _bad(f"'world_size' must be an int >= 1 and 'ranks' a list of that many entries, got {n!r} and "
+                   f"{type(ranks).__name__} of {len(ranks) if isinstance(ranks, list) else '?'}", mpath)
+    out = []
+    for r, entry in enumerate(ranks):
+        if not isinstance(entry, dict) or not isinstance(entry.get("training", {}), dict):
+            raise _bad(f"ranks[{r}] must be {{\"training\": {{...}}, \"training_state\": ...}}", mpath)
+        tree, arrays = None, {}
+        ts = entry.get("training_state")
+        if ts is not None:
+            if not isinstance(ts, dict) or not isinstance(ts.get("arrays", {}), dict) or "tree" not in ts:
+                raise _bad(f"ranks[{r}].training_state must be {{\"tree\": ..., \"arrays\": {{...}}}}", mpath)
+            tree = ts["tree"]
+            arrays = {k: _entry(STATE_DIR, k, e, mpath) for k, e in ts.get("arrays", {}).items()}
+        out.append((dict(entry.get("training", {})), tree, arrays))
+    return tuple(out)
 
 
 def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:

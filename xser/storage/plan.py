@@ -24,7 +24,7 @@ from .formats import FORMATS, get_format
 from .manifest import SPEC_FILE, STATE_DIR
 from .payloads import Bundle, FromFile, FromFiles, Lazy, Stream, identity
 
-__all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "plan_save"]
+__all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "place", "plan_save"]
 
 
 @attrs.frozen
@@ -269,3 +269,32 @@ def plan_save(
     return Plan(tuple(dirs), tuple(pieces), tuple(params), tuple(arrays), spec, state_tree, state)
 
 
+def place(plan: Plan, at: Mapping[str, tuple[int, tuple]], tag: str) -> Plan:
+    """One rank's plan inside a checkpoint that several ranks write: ``at`` maps ``"sub/param"`` to (first row, full
+    shape) for the arrays that hold rows of a larger parameter; their blocks start at that row and files of their own
+    are named after their start in the whole parameter (``W@4096_0.npy``: ranks never collide, the tiling is checked
+    first). Files holding several tensors (a subcollection's safetensors file, ``shards=`` containers) take the rank's
+    ``tag`` in their names."""
+    pieces = list(plan.pieces)
+    params = []
+    for p in plan.params:
+        spec = at.get(f"{p.sub}/{p.name}")
+        if spec is None:
+            params.append(p)
+            continue
+        first, full = spec
+        refs = []
+        for index, start, bshape, key in p.pieces:
+            here = (first + (start[0] if start is not None else 0),) + (tuple(start[1:]) if start is not None else (0,) * (len(full) - 1))
+            shape = tuple(bshape) if bshape is not None else tuple(p.shape)
+            if key is None:
+                piece = pieces[index]
+                pieces[index] = attrs.evolve(piece, rel=block_name(f"{p.sub}/{p.name}", here, FORMATS[piece.format].suffix))
+            refs.append((index, here, shape, key))
+        params.append(attrs.evolve(p, shape=tuple(full), pieces=tuple(refs)))
+    for i, piece in enumerate(pieces):
+        if isinstance(piece.payload, Bundle):
+            head, slash, name = piece.rel.rpartition("/")
+            stem, dot, suffix = name.partition(".")
+            pieces[i] = attrs.evolve(piece, rel=f"{head}{slash}{stem}-{tag}{dot}{suffix}")
+    return attrs.evolve(plan, pieces=tuple(pieces), params=tuple(params))

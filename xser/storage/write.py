@@ -253,13 +253,14 @@ def _copy_object(f: FromFile, dst: str, link: Linker) -> bool:
     return False
 
 
-def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2, sink: Sink | None = None) -> list[WriteResult]:
+def write(staging: str, plan: Plan, *, durable: bool, threads: int = 2, sink: Sink | None = None,
+          make_dirs: bool = True) -> list[WriteResult]:
     """Write every piece of ``plan`` into the (existing, empty) directory ``staging``.
 
     ``sink``: where each written file goes next (an object store: ``staging`` is then a local spool directory,
     and the sink uploads each file as soon as it is complete, and removes it); None keeps the files in
     ``staging`` (read-only)."""
-    for d in plan.dirs:
+    for d in plan.dirs if make_dirs else ():  # (several ranks writing into one directory: rank 0 makes them first)
         try:
             os.mkdir(os.path.join(staging, d))
         except OSError as e:

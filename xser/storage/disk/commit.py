@@ -38,6 +38,7 @@ __all__ = [
     "counts",
     "exchange",
     "finish",
+    "finish_manifest",
     "new_id",
     "now",
     "publish",
@@ -135,6 +136,12 @@ def finish(
     """Write the manifest (last), fsync it and every directory of the staging area; return it."""
     manifest = manifest_of(plan, results, meta, id=id, model=model)
     staging.written, staging.linked = counts(plan, results)
+    return finish_manifest(staging, manifest, plan.dirs)
+
+
+def finish_manifest(staging: Staging, manifest: dict, dirs: Any) -> dict:
+    """Write ``manifest`` (last) into the staging directory, fsync it, the directories ``dirs`` and the staging
+    directory itself; return it."""
     path = os.path.join(staging.path, MANIFEST)
     try:
         with open(path, "x", encoding="utf-8") as f:
@@ -144,7 +151,7 @@ def finish(
                 f.flush()
                 os.fsync(f.fileno())
         if staging.durable:
-            for d in plan.dirs:
+            for d in dirs:
                 fsync_dir(os.path.join(staging.path, d))
             fsync_dir(staging.path)
     except OSError as e:
