@@ -8,6 +8,7 @@ retention policy, or replace the whole model.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -31,6 +32,7 @@ from .common import SaveOptions, SaveReport, before_writing
 from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote, write_new_model_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
+from .asyncsave import HostBuffer, PendingSave
 from .distributed import save_distributed
 from .snapshot import Snapshot, snapshot
 from ..dist import Local, round_
@@ -280,6 +282,9 @@ class CheckpointSaver:
         self.restart = restart
         self._warned: set[tuple[str, str]] = set()
         self._checked = False
+        self._pending: PendingSave | None = None  # the async save in progress
+        self._buffer: HostBuffer | None = None  # its host arrays, reused save after save
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         if self.coordinator.world_size > 1:  # rank 0 holds the lock for all; every rank learns if it could not
             self._lock: Any = _Unlocked()
 
@@ -320,13 +325,35 @@ class CheckpointSaver:
                 _log.warning("%s: metric %r is NaN; a NaN never counts as best", self.path, metric)
 
     def close(self) -> None:
-        self._lock.release()
+        """Wait for a pending async save (raising its error), then let the model lock go."""
+        try:
+            self.wait()
+        finally:
+            self._lock.release()
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            self._buffer = None
+
+    def wait(self) -> None:
+        """Wait for the pending async save, if any; raise its error if nobody has seen it yet."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            error = pending.wait()
+            if error is not None:
+                raise error
 
     def __enter__(self) -> CheckpointSaver:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:  # an exception is on its way out: a failed async save is logged, never put in its place
+            self.close()
+        except Exception as e:  # noqa: BLE001
+            _log.error("%s: the async save still running when the with block failed failed too: %s", self.path, e)
 
     def __del__(self) -> None:
         lock = getattr(self, "_lock", None)
@@ -343,29 +370,45 @@ class CheckpointSaver:
         custom: Mapping | None = None,
         training_state: Any = None,
         name: str | None = None,
-    ) -> SaveReport:
-        """Publish ``obj`` as the newest checkpoint; shift and prune the older ones."""
+        blocking: bool = True,
+    ) -> Any:
+        """Publish ``obj`` as the newest checkpoint; shift and prune the older ones.
+
+        ``blocking=False``: take the snapshot now (every array copied into a host buffer the saver reuses; device
+        tensors copied off the device) and return a ``PendingSave`` at once; plan, write and publish run on a
+        background thread. ``.result()`` gives the ``SaveReport`` or raises; the next save, ``close()`` and the end
+        of a ``with`` block wait for it and raise its error if nobody has seen it. With a coordinator every rank
+        takes its snapshot and rank 0 commits in the background.
+        """
         if not self._lock.held:
             raise CheckpointError("this CheckpointSaver is closed", Location(self.path))
+        self.wait()
         self._warn_about_metrics(metrics)
         snap = snapshot(
             obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
             training_state_value=training_state, formats=self.options.formats,
         )
+        if self.coordinator.world_size == 1:
+            snap.refuse_parts()
+        if blocking:
+            return self._save(snap)
+        if self._buffer is None:
+            self._buffer = HostBuffer()
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xser-save")
+        snap = self._buffer.isolate(snap)
+        self._pending = PendingSave(self._executor.submit(self._save, snap))
+        return self._pending
+
+    def _save(self, snap: Snapshot) -> SaveReport:
+        """Every step after the snapshot (on the caller's thread, or the background one)."""
+        restart, check_all = self.restart and not self._checked, not self._checked
         if self.coordinator.world_size > 1:
-            restart, check_all = self.restart and not self._checked, not self._checked
             with os_errors(self.path):
                 report = save_distributed(self.coordinator, snap, self.path, self.options, prepare=lambda whole: Prepared(
                     self.path, whole, self.options, policy=self.policy, restart=restart, check_all=check_all, skip_duplicates=False))
-            self._checked = True
-            return report
-        snap.refuse_parts()
-        with os_errors(self.path), options(self.storage_options):
-            report = save_locked(
-                self.path, snap, self.options, policy=self.policy, restart=self.restart and not self._checked,
-                check_all=not self._checked, skip_duplicates=True, since=self._since,
-            )
+        else:
+            with os_errors(self.path), options(self.storage_options):
+                report = save_locked(self.path, snap, self.options, policy=self.policy, restart=restart, check_all=check_all,
+                                     skip_duplicates=True, since=self._since)
         self._checked = True
         return report
-
-

@@ -69,6 +69,10 @@ class Lazy:
     shape: tuple
     take: Any = attrs.field(eq=False, repr=False)  # (index: tuple | None = None) -> np.ndarray
     key: Any = None
+    #: (out: np.ndarray) -> None: copy the whole array into ``out`` (an async save's host buffer); None: via take()
+    into: Any = attrs.field(default=None, eq=False, repr=False)
+    #: () -> np.ndarray: a host array to copy it into (pinned memory for a CUDA tensor); None: np.empty
+    alloc: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 def identity(item: Any) -> Any:

@@ -83,7 +83,21 @@ def host_payload(t: torch.Tensor, where: str) -> Any:
         part = t.detach() if index is None else t.detach()[index]
         return to_numpy(part.to("cpu", copy=True))
 
-    return Lazy(dt, shape, take, key)
+    def alloc() -> np.ndarray:
+        """Pinned host memory where the device has it (a CUDA tensor copies into it at full speed)."""
+        pinned = t.device.type == "cuda"
+        return to_numpy(torch.empty(shape, dtype=t.dtype, device="cpu", pin_memory=pinned))
+
+    def into(out: np.ndarray) -> None:
+        host = from_numpy(out) if out.dtype == dt else None
+        if host is None or host.dtype != t.dtype:
+            out[...] = take()
+            return
+        host.copy_(t.detach(), non_blocking=True)
+        if t.device.type == "cuda":
+            torch.cuda.current_stream(t.device).synchronize()
+
+    return Lazy(dt, shape, take, key, into, alloc)
 
 
 def _register_kind() -> None:
