@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import attrs
 
@@ -360,6 +360,15 @@ class CheckpointSaver:
         if lock is not None:
             lock.release()
 
+    @overload
+    def save(self, obj: Any, *, step: int | None = ..., metrics: Mapping[str, float] | None = ..., training: Mapping | None = ...,
+             custom: Mapping | None = ..., training_state: Any = ..., name: str | None = ...,
+             blocking: Literal[True] = ...) -> SaveReport: ...
+    @overload
+    def save(self, obj: Any, *, step: int | None = ..., metrics: Mapping[str, float] | None = ..., training: Mapping | None = ...,
+             custom: Mapping | None = ..., training_state: Any = ..., name: str | None = ...,
+             blocking: Literal[False]) -> PendingSave: ...
+
     def save(
         self,
         obj: Any,
@@ -371,7 +380,7 @@ class CheckpointSaver:
         training_state: Any = None,
         name: str | None = None,
         blocking: bool = True,
-    ) -> Any:
+    ) -> SaveReport | PendingSave:
         """Publish ``obj`` as the newest checkpoint; shift and prune the older ones.
 
         ``blocking=False``: take the snapshot now (every array copied into a host buffer the saver reuses; device
