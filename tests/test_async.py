@@ -261,3 +261,29 @@ def test_async_saves_from_two_processes(tmp_path):
     (arrays,) = back.values()
     assert arrays["W"].tolist() == [[2.0] * 3] * 10  # every rank's rows as they were at save, not -1
     assert [c.step for c in xser.checkpoints(path)] == [2, 1]
+
+
+def test_cuda_tensors_are_copied_into_pinned_host_memory(tmp_path):
+    """On a GPU: the snapshot copies each CUDA tensor into pinned host memory the saver keeps; changes made on the
+    device right after save returns never reach the checkpoint."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from xser.torch import wrap
+
+    path = str(tmp_path / "m.yaml")
+    module = wrap(torch.nn.Linear, 64, 32).to("cuda")
+    with torch.no_grad():
+        module.module.weight.fill_(1.5)
+        module.module.bias.fill_(-2.0)
+    with xser.CheckpointSaver(path, keep=2) as saver:
+        for step in (1, 2):
+            pending = saver.save(module, step=step, blocking=False)
+            with torch.no_grad():
+                module.module.weight.add_(100.0)  # on the device, at once
+            pending.result()
+        buffers = [a for k, a in saver._buffer.arrays.items() if k[0] == "param"]
+        assert buffers and all(torch.from_numpy(a).is_pinned() for a in buffers)
+    back = xser.load(path, checkpoint=0)
+    assert back.module.weight.unique().tolist() == [101.5] and back.module.bias.unique().tolist() == [-2.0]
+    assert xser.load(path, checkpoint=1).module.weight.unique().tolist() == [1.5]
