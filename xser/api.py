@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .dist import Coordinator, using
+from .checkpoints.rank_state import check_rank_state, rank_part, rank_training, without
 from .checkpoints.saver import SaveOptions, save_model
 from .errors import CheckpointError, DataError, Location, SpecError, did_you_mean, key_lists
 from .model.build import ExperimentSpec, build_spec
@@ -310,25 +311,42 @@ def read_params(
 
 
 def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best = 0, metric: str | None = None, mode: str = "max",
-                        mmap: bool = False, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """The ``training_state`` saved with a checkpoint: arrays back as numpy arrays, tensors as tensors (on the CPU)."""
+                        mmap: bool = False, storage_options: Mapping[str, Any] | None = None,
+                        coordinator: Coordinator | None = None, rank_state: str = "error") -> Any:
+    """The ``training_state`` saved with a checkpoint: arrays back as numpy arrays, tensors as tensors (on the CPU).
+
+    A checkpoint saved by the ranks of a job (``save(..., coordinator=)``) holds one training state per rank (RNG
+    states, data-loader positions): each rank gets its own, ``coordinator``'s rank (default: ``xser.dist.current()``,
+    ``Local()`` outside a ``using`` block). The world size must be the one of the save: loaded by another number of
+    processes (a plain one-process load of a multi-rank checkpoint included) it is a ``CheckpointError`` naming
+    both world sizes, since no rank's state is another's. ``rank_state`` says what to do then instead:
+    ``"drop"`` returns None (the caller starts the per-rank state afresh; the model itself loads at any world size);
+    ``"replicate"`` gives the one state of a checkpoint saved by a single process to every rank (state that is
+    the same on every rank, such as a replicated optimizer's; a multi-rank checkpoint still refuses). At the
+    saving world size ``rank_state`` changes nothing (``docs/distributed.md``, "Loading at another world size").
+    """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
+    check_rank_state(rank_state, path)
 
     def once() -> Any:
         with open_checkpoint(path, checkpoint) as data:
-            if data.manifest.state is None:
-                raise CheckpointError("this checkpoint was saved without training_state", Location(data.path))
-            return _state_of(data, mmap)
+            mine = rank_part(data, coordinator, rank_state, "training_state")
+            if mine is None:
+                absent = without(data, coordinator)  # None: dropped at another world size, as asked
+                if absent is not None:
+                    raise CheckpointError(absent, Location(data.path))
+            return None if mine is None else _state_of(data, mmap, mine)
 
     with options(storage_options):
         return retrying(path, once)
 
 
-def _state_of(data: Any, mmap: bool) -> Any:
-    futs = data.read_many(data.manifest.state_entries.values(), mmap=mmap)
+def _state_of(data: Any, mmap: bool, part: tuple[Any, dict] | None = None) -> Any:
+    tree, entries = part if part is not None else (data.manifest.state, data.manifest.state_entries)
+    futs = data.read_many(entries.values(), mmap=mmap)
     arrays = gather(futs, {"training_state": {}})["training_state"]
-    return training_state.decode(data.manifest.state, arrays, array_kind)
+    return training_state.decode(tree, arrays, array_kind)
 
 
 @attrs.frozen
@@ -351,6 +369,8 @@ def resume(
     verify: bool = False,
     device: Any = None,
     storage_options: Mapping[str, Any] | None = None,
+    coordinator: Coordinator | None = None,
+    rank_state: str = "error",
 ) -> Resumed | None:
     """Continue a run: the saved model, its ``training_state``, step and checkpoint record, all from one
     checkpoint (the newest by default; see ``load`` for ``checkpoint``, ``metric``, ``mode``); ``None``
@@ -358,9 +378,18 @@ def resume(
 
     Nothing saved means neither the spec file nor any checkpoint exists; a spec file without data,
     or damaged data, is an error as for ``load``, never a silent fresh start.
+
+    ``coordinator``: the job this process is a rank of (as for ``load``: each rank loads its rows and ids). Of a
+    checkpoint saved by the ranks of a job, each rank gets its own ``training_state`` and, as
+    ``.checkpoint.training``, its own ``training`` dict. At another world size than the save's this is a
+    ``CheckpointError`` naming both (before anything is read) if any rank saved a training state or the ranks'
+    ``training`` dicts differ; ``rank_state="drop"`` resumes without them (``training_state`` None, ``training``
+    the entries every rank saved alike), ``rank_state="replicate"`` gives a state saved by one process to every
+    rank (see ``load_training_state``).
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
+    check_rank_state(rank_state, path)
     with options(storage_options):
         if not store_for(path).exists(path) and not checkpoints_exist(path):
             return None
@@ -368,14 +397,15 @@ def resume(
     def once() -> Resumed:
         with open_saved(path, checkpoint) as saved:
             data = saved.data
+            mine = rank_part(data, coordinator, rank_state, "resume")  # refused before the model is read
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, data, saved.sealed)
             model = build_spec(spec, mmap=mmap, verify=verify, device=device)
-            state = _state_of(data, mmap) if data.manifest.state is not None else None
+            state = _state_of(data, mmap, mine) if mine is not None else None
             record = checkpoint_record(data)
             index = data.index or 0  # its place in the listing it was chosen from
+            if data.manifest.ranks:  # this rank's own training dict (at another world size: what every rank saved alike)
+                record = attrs.evolve(record, training=rank_training(data, coordinator))
         return Resumed(model, state, record.step, attrs.evolve(record, index=index))
 
-    with options(storage_options):
+    with options(storage_options), using(coordinator):
         return retrying(path, once)
-
-

@@ -182,6 +182,7 @@ class Subcollection:
         table = new_table(self.name, name, dim, dtype=dtype, slots=slots, init=init, rng=self._rng, inits=INITS)
         if slice is not None:
             self._slices[name] = slice
+            table.slice = slice
         if self._source is not None:
             kw = {} if slice is None else {"which": slice}
             parts = self._source.fetch_table(self.name, name, ("id", "embedding") + table.slots, table.dim, table.dtype, **kw)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
 from .serialize import saved_args
-from .tables import select
+from .tables import IdSlice, may_hold, runs, select
 from ..dist import current
 from ..spec import parse
 from ..spec.saved import check_saved
@@ -50,7 +50,8 @@ class Store:
         if current().world_size > 1:  # each rank reads only what it declares (add(..., rows=), add_table(..., slice=))
             return
         entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
-        entries = [e for e in entries if (e.subcol, e.name) not in self.futures]
+        entries = [e for e in entries if (e.subcol, e.name) not in self.futures
+                   and f"{e.subcol}/{e.name.partition('@')[0]}" not in self.tables]  # tables= reads some rows: not here
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
 
     def mismatch(self, message: str, here: Location, where: Location | None) -> XserError:
@@ -91,9 +92,9 @@ class Store:
             raise self.mismatch(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here, where if self.edited else None)
         self.used.setdefault(stored, set()).add(name)
         fut = self.futures.pop((stored, name), None)
-        if fut is None or held is not None:
-            return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
-        return fut.result()
+        if fut is not None and (held is None or (tuple(held) == (0, entry.shape[0]) and f"{stored}/{name}" not in self.rows)):
+            return fut.result()  # prefetched (a load by one process: add(..., rows=) holds every row)
+        return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
 
     def migrate(self, stored: str, fn: Any, version: int, tag: str, where: Location | None) -> dict[str, np.ndarray]:
         """The arrays of a subcollection saved by an older version of its class, through its ``migrate_params``."""
@@ -115,7 +116,8 @@ class Store:
     def fetch_table(self, stored: str, name: str, parts: tuple, dim: tuple, dtype: np.dtype, where: Location | None,
                     which: Any = None) -> dict:
         """A table's parts (``{"id": ids, "embedding": rows, slot: rows}``), checked against the declaration; only the
-        ids a partial load asks for (``tables={"sub/name": ids or IdSlice}``), read in chunks of rows."""
+        ids a partial load asks for (``tables={"sub/name": ids or IdSlice}``, or ``add_table(..., slice=)``): see
+        ``_some_rows``. The ids of a table saved by several ranks come sorted within each rank's run."""
         self.claim(stored, where)
         sub = self.dir.subcollections[stored]
         here = Location(os.path.join(self.dir.path, stored))
@@ -139,21 +141,44 @@ class Store:
                                     f"{shape_str(dim)} {dtype} for {n} ids", here, where if self.edited else None)
         for part in entries:
             self.used.setdefault(stored, set()).add(f"{name}@{part}")
-        ids = self.dir.read(ids_e, verify=self.verify)
         which = self.tables.get(f"{stored}/{name}") if which is None else which  # add_table(..., slice=) first
-        if which is None:
-            out = {"id": ids} | {p: self.dir.read(e, verify=self.verify) for p, e in entries.items() if p != "id"}
+        futs = {p: f for p in entries if (f := self.futures.pop((stored, f"{name}@{p}"), None)) is not None}
+        if which is None or (isinstance(which, IdSlice) and which.begin == 0 and which.end == which.size):  # every row
+            out = {p: futs[p].result() if p in futs else self.dir.read(e, verify=self.verify) for p, e in entries.items()}
         else:
-            keep = np.flatnonzero(select(which, ids))
-            out = {"id": ids[keep]}
-            for p, e in entries.items():
-                if p != "id":
-                    if self.verify:  # once, streamed: a band read with verify would read the whole file each time
-                        for b in e.blocks:
-                            self.dir.verify_once(b)
-                    out[p] = _rows_of(self.dir, e, keep, False)
+            stop(futs.values())  # prefetched whole by a load in one process: only some rows are wanted
+            out = self._some_rows(ids_e, entries, which, here)
         for p in zero_slots:
             out[p] = np.zeros((out["id"].size,) + dim, dtype)
+        return out
+
+    def _some_rows(self, ids_e: Any, entries: dict, which: Any, here: Location) -> dict:
+        """The rows of the ids ``which`` asks for. Of a table saved by several ranks, only the runs of the ranks whose id
+        slice can hold such ids are read (``tables.may_hold``: exact for a slice of any size); within a run, the ids,
+        then each part from its first kept row to its last (a band at a time; never row by row)."""
+        if not isinstance(which, IdSlice):
+            which = np.unique(np.asarray(which, dtype=np.int64).reshape(-1))
+        spans = [(r.first, r.stop) for r in runs(ids_e, here) if r.stop > r.first and (r.slice is None or may_hold(r.slice, which))]
+        if self.verify:  # each file once, streamed (a band read with verify would read the whole file each time)
+            for e in entries.values():
+                for b in e.blocks:
+                    start, shape = b.box(e.shape)
+                    if any(start[0] < stop and first < start[0] + shape[0] for first, stop in spans):
+                        self.dir.verify_once(b)
+        ids_out, keep = [], []
+        for first, stop in spans:
+            ids = self.dir.read(ids_e, rows=(first, stop))
+            k = np.flatnonzero(select(which, ids))
+            ids_out.append(ids[k])
+            keep.append(k + first)
+        out = {"id": np.concatenate(ids_out) if ids_out else np.empty(0, np.int64)}
+        for p, e in entries.items():
+            if p != "id":
+                rows = out[p] = np.empty((out["id"].size,) + e.shape[1:], e.dtype)
+                at = 0
+                for k in keep:  # run by run: a band never reaches into a run that was skipped
+                    _rows_into(self.dir, e, k, rows[at : at + k.size])
+                    at += k.size
         return out
 
     def cancel(self) -> None:
@@ -188,18 +213,17 @@ class Store:
 TABLE_CHUNK_ROWS = 1 << 16
 
 
-def _rows_of(d: OpenedDir, e: Any, keep: np.ndarray, verify: bool) -> np.ndarray:
-    """Rows ``keep`` (sorted) of a parameter, read a band of rows at a time (memory: the kept rows plus one band)."""
-    out = np.empty((keep.size,) + e.shape[1:], e.dtype)
+def _rows_into(d: OpenedDir, e: Any, keep: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``keep`` (sorted) of a parameter into ``out``, read a band of rows at a time (memory: one band more); a
+    band starts at a kept row and ends after one, so rows outside the span of ``keep`` are never read."""
     done = 0
-    for first in range(0, e.shape[0], TABLE_CHUNK_ROWS):
-        stop = min(e.shape[0], first + TABLE_CHUNK_ROWS)
-        lo, hi = np.searchsorted(keep, [first, stop])
-        if hi > lo:
-            band = d.read(e, rows=(first, stop), verify=verify)
-            out[done : done + hi - lo] = band[keep[lo:hi] - first]
-            done += hi - lo
-    return out
+    while done < keep.size:
+        first = int(keep[done])
+        hi = int(np.searchsorted(keep, first + TABLE_CHUNK_ROWS))
+        stop = int(keep[hi - 1]) + 1
+        band = d.read(e, rows=(first, stop))
+        out[done:hi] = band[keep[done:hi] - first]
+        done = hi
 
 
 def _at(where: Location | None) -> str:

@@ -9,6 +9,7 @@ are known from their names alone, without the component's class.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from ..errors import DataError, Location, RegistryError, shape_str
 from ..storage.dtypes import dtype_problem, resolve
 from .names import NAME_RE, _shape
 
-__all__ = ["SEP", "HashTable", "IdSlice", "part_of", "select"]
+__all__ = ["SEP", "HashTable", "IdSlice", "Run", "may_hold", "part_of", "runs", "select"]
 
 SEP = "@"
 VALUE = "embedding"
@@ -57,6 +58,63 @@ def select(which: Any, ids: np.ndarray) -> np.ndarray:
     return np.isin(ids, wanted)
 
 
+def may_hold(saved: IdSlice, which: Any) -> bool:
+    """Whether ids of the saved slice ``saved`` can be among those ``which`` asks for (an ``IdSlice`` of any size, or
+    ids), exactly: ``id % g`` is the same for both sizes when ``g`` is their greatest common divisor, so a saved slice
+    can hold wanted ids only if some residue mod ``g`` of its buckets is one of the wanted buckets'."""
+    if saved.begin >= saved.end:
+        return False
+    if not isinstance(which, IdSlice):
+        wanted = np.unique(np.asarray(which, dtype=np.int64).reshape(-1))
+        return bool(saved.mask(wanted).any())
+    if which.begin >= which.end:
+        return False
+    g = math.gcd(saved.size, which.size)
+    if saved.end - saved.begin >= g or which.end - which.begin >= g:
+        return True  # one of them meets every residue mod g
+    mine = np.arange(saved.begin, saved.end, dtype=np.int64) % g
+    theirs = np.arange(which.begin, which.end, dtype=np.int64) % g
+    return bool(np.isin(mine, theirs).any())
+
+
+class Run:
+    """Rows ``[first, stop)`` of a saved table, sorted by id: the ids of one rank's ``slice`` (None: a table saved by one
+    process, one run of every row)."""
+
+    __slots__ = ("first", "stop", "slice")
+
+    def __init__(self, first: int, stop: int, slice: IdSlice | None) -> None:
+        self.first, self.stop, self.slice = first, stop, slice
+
+    def __repr__(self) -> str:
+        return f"Run({self.first}, {self.stop}, {self.slice})"
+
+
+def runs(ids_entry: Any, where: Location | None = None) -> list[Run]:
+    """The sorted runs of a saved table, from its ``@id`` entry: one per saving rank of a table saved by several
+    (the manifest's ``attrs: {"xser": {"slices": [[begin, end, size, first row, rows], ...]}}``, in row order,
+    tiling the rows), else one run of every row. A ``slices`` attribute that does not tile the rows is a
+    ``DataError``: loads skip runs by it, so it must be right."""
+    n = int(ids_entry.shape[0])
+    got = (ids_entry.attrs or {}).get("xser", {}).get("slices") if isinstance(ids_entry.attrs, dict) else None
+    if got is None:
+        return [Run(0, n, None)]
+    out, at = [], 0
+    try:
+        for s in got:
+            begin, end, size, first, count = (int(v) for v in s)
+            if len(s) != 5 or first != at or count < 0 or any(not isinstance(v, int) or isinstance(v, bool) for v in s):
+                raise ValueError
+            out.append(Run(first, first + count, IdSlice(begin, end, size)))
+            at = first + count
+        if at != n:
+            raise ValueError
+    except (TypeError, ValueError, DataError):
+        raise DataError(f"{ids_entry.subcol}/{ids_entry.name}: attrs.xser.slices must be [[begin, end, size, first row, rows], "
+                        f"...] tiling its {n} rows in order, got {got!r}", where) from None
+    return out
+
+
 def _ids(ids: Any, where: str) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
@@ -79,6 +137,9 @@ class HashTable:
         self._parts = {VALUE: np.empty((0,) + dim, dtype)} | {s: np.empty((0,) + dim, dtype) for s in slots}
         self._sorted = np.empty(0, np.int64)  # the ids, sorted
         self._order = np.empty(0, np.int64)  # row of each sorted id
+        #: the ids this process holds (``add_table(..., slice=)``): inserting others is an error, since a save
+        #: records each rank's slice and loads at other world sizes read only the ranks whose slice can hold an id
+        self.slice: IdSlice | None = None
 
     # -- reading
     def __len__(self) -> int:
@@ -169,6 +230,12 @@ class HashTable:
     def _insert(self, new: np.ndarray) -> None:
         """Append rows for ``new`` (sorted, unique, absent) ids: value rows from ``init``, slot rows zeros."""
         k = new.size
+        if self.slice is not None and k:
+            out = new[~self.slice.mask(new)]
+            if out.size:
+                shown = ", ".join(str(int(i)) for i in out[:5]) + (f" and {out.size - 5} more" if out.size > 5 else "")
+                raise DataError(f"{self.where}: ids {shown} are outside this process's {self.slice} (id % {self.slice.size} "
+                                f"must be in [{self.slice.begin}, {self.slice.end})): route each id to the rank whose slice holds it")
         self._grow(self._n + k)
         rows = np.arange(self._n, self._n + k)
         self._ids[rows] = new

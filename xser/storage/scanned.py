@@ -12,7 +12,7 @@ from ..errors import CheckpointError, DataError, Location, did_you_mean
 from .layout import data_dir_of
 from .opened import OpenedDir
 
-__all__ = ["Best", "Checkpoint", "Scan", "best_n", "record_of", "score"]
+__all__ = ["Best", "Checkpoint", "Scan", "best_n", "common_training", "record_of", "score"]
 
 @attrs.frozen
 class Checkpoint:
@@ -28,6 +28,7 @@ class Checkpoint:
     has_training_state: bool = False
     id: str | None = None  # unique per checkpoint (format_version >= 2)
     model: str | None = None  # shared by the checkpoints of one model
+    world_size: int = 1  # the processes that saved it together (``save(..., coordinator=)``)
 
 
 @attrs.define
@@ -83,11 +84,24 @@ class Scan:
 def record_of(index: int, d: OpenedDir) -> Checkpoint:
     """The listing record of an opened checkpoint at ``index`` (0 = newest)."""
     meta = d.meta
+    ranks = d.manifest.ranks
+    training = dict(meta.get("training") or {})
+    if ranks:  # saved by several ranks: the entries of their training dicts that every rank saved alike
+        training = common_training(ranks)[0] | training
     return Checkpoint(
         index, d.path, meta.get("step"), str(meta.get("created", "")), dict(meta.get("metrics") or {}),
-        dict(meta.get("training") or {}), dict(meta.get("custom") or {}), d.manifest.state is not None,
-        meta.get("id"), meta.get("model"),
+        training, dict(meta.get("custom") or {}), d.manifest.state is not None or any(t is not None for _, t, _ in ranks),
+        meta.get("id"), meta.get("model"), len(ranks) or 1,
     )
+
+
+def common_training(ranks: tuple) -> tuple[dict, bool]:
+    """Of a checkpoint saved by several ranks (``Manifest.ranks``): the ``training`` entries every rank saved alike,
+    and whether that is all of them (no rank's differs)."""
+    if not ranks:
+        return {}, True
+    common = {k: v for k, v in ranks[0][0].items() if all(k in t and t[k] == v for t, _, _ in ranks[1:])}
+    return common, all(set(t) == set(common) for t, _, _ in ranks)
 
 
 def score(ck: Checkpoint, metric: str) -> float | None:
