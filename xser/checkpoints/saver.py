@@ -94,6 +94,7 @@ class Prepared:
         self.path, self.snap, self.options, self.policy, self.restart = path, snap, options, policy, restart
         self.stack = contextlib.ExitStack()
         self.staging: Any = None
+        self.published = False
         try:
             refuse_special_spec(path)
             self.s = self.stack.enter_context(scan(path, saver=True))
@@ -112,8 +113,11 @@ class Prepared:
 
     def close(self) -> None:
         """Done, or given up: a staging directory not published is removed."""
-        self.stack.__exit__(*((RuntimeError, RuntimeError("not published"), None) if self.staging is not None and not
-                              getattr(self, "published", False) else (None, None, None)))
+        try:
+            if self.staging is not None and not self.published:
+                self.staging.discard()
+        finally:
+            self.stack.close()
 
     def publish(self) -> SaveReport:
         """Publish the staged checkpoint (its manifest written), then bring the top-level spec file in step."""
