@@ -504,3 +504,14 @@ def test_numbers_beyond_the_value_type_are_refused(tmp_path, rt, value, message)
     with pytest.raises(xser.DataError) as info:
         read_angel(d)
     assert str(info.value) == f"{d / '0'}:5: {message}"
+
+
+def test_export_of_a_matrix_saved_by_several_ranks(tmp_path):
+    """W saved as the rows of 3 ranks (in blocks of 4 rows): the Angel matrix holds every row."""
+    from reshard_model import Rows, save, w_rows
+
+    path = save(str(tmp_path / "r.yaml"), 3, steps=2, make=Rows, blocks={"*/W": 4})
+    (sub,) = xser.read_params(path)
+    export_angel(path, f"{sub}/W", tmp_path / "out", format="value-binary", matrix_name="w")
+    _, back = read_angel(tmp_path / "out" / "w")
+    assert np.array_equal(back, w_rows(2, 0, 23))

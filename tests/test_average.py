@@ -319,3 +319,28 @@ class TestToolsVerify:
         with pytest.raises(xser.DataError, match="checksum mismatch"):
             ensemble([path], tmp_path / "e.yaml")
         assert not os.path.exists(tmp_path / "c.yaml") and not os.path.exists(tmp_path / "e.yaml")
+
+
+class TestSavedByRanks:
+    def test_tables_of_several_runs_are_merged_by_id(self, tmp_path, monkeypatch):
+        """A checkpoint saved by 3 ranks holds its table as 3 runs, each sorted only within itself; the average of two
+        such checkpoints (read in 2-row bands, so the merge streams) holds every id once, in order, each row the mean
+        of its rows; it is one run (no ranks' slices in its manifest) and loads at another world size."""
+        import xser.tools.average_tables as at
+        from reshard_model import ALL_IDS, save, t_rows, w_rows
+        from threaded import run
+
+        monkeypatch.setattr(at, "BAND_ROWS", 2)
+        path = save(str(tmp_path / "m.yaml"), 3, steps=2, blocks={"*/emb@*": 5})
+        average(path, tmp_path / "avg.yaml", durable=False)
+        (sub, got), = xser.read_params(tmp_path / "avg.yaml").items()
+        ids = np.sort(ALL_IDS)
+        assert got["emb@id"].tolist() == ids.tolist()
+        mean = lambda a, b: ((a.astype(np.float64) + b.astype(np.float64)) / 2).astype(np.float32)  # noqa: E731
+        assert np.array_equal(got["emb@embedding"], mean(t_rows(1, ids), t_rows(2, ids)))
+        assert np.array_equal(got["emb@m"], mean(-t_rows(1, ids), -t_rows(2, ids)))
+        assert np.array_equal(got["W"], mean(w_rows(1, 0, 23), w_rows(2, 0, 23)))
+        with open(tmp_path / "avg.yaml.data" / "manifest.json") as f:
+            assert "attrs" not in json.load(f)["subcollections"][sub]["emb@id"]
+        halves = run(2, lambda c: xser.load(tmp_path / "avg.yaml", coordinator=c).emb.ids.tolist())
+        assert halves == [[i for i in ids.tolist() if (i % 2**64) % 12 < 6], [i for i in ids.tolist() if (i % 2**64) % 12 >= 6]]

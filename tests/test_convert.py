@@ -147,3 +147,25 @@ def test_convert_the_best_checkpoint(tmp_path):
     scored_model(tmp_path / "m.yaml", [20.0, 31.0, 25.0], metric="bleu")
     report = convert(tmp_path / "m.yaml", tmp_path / "best.yaml", checkpoint="best", metric="bleu")
     assert report.source.endswith("m.yaml.data.1") and (xser.load(tmp_path / "best.yaml").W == 2).all()
+
+
+class TestSavedByRanks:
+    def test_each_ranks_training_dict_and_state_are_kept(self, tmp_path):
+        """A checkpoint saved by 3 ranks, converted: the new model keeps the world size and each rank's training dict,
+        and with keep_training_state each rank's own state (rank 1 saved none); rows and tables load resharded."""
+        from reshard_model import problems, save
+        from threaded import run
+
+        path = save(str(tmp_path / "m.yaml"), 3, steps=2, state=[0, 2], blocks={"*/emb@*": 5})
+        convert(path, tmp_path / "kept.yaml", keep_training_state=True, durable=False)
+        states = run(3, lambda c: xser.resume(tmp_path / "kept.yaml", coordinator=c))
+        assert [(s.training_state and s.training_state["rng"].tolist(), s.checkpoint.training["rank"], s.checkpoint.world_size)
+                for s in states] == [([2] * 3, 0, 3), (None, 1, 3), ([202] * 3, 2, 3)]
+        assert states[0].checkpoint.training["converted_from"] == "m.yaml.data"
+        with pytest.raises(xser.CheckpointError, match=r"saved by 3 processes \(world size 3\) and is loaded at world size 2"):
+            run(2, lambda c: xser.load_training_state(tmp_path / "kept.yaml"))
+        assert run(2, lambda c: problems(xser.load(tmp_path / "kept.yaml", coordinator=c), c, 2)) == [[], []]
+        convert(path, tmp_path / "plain.yaml", durable=False)
+        ck = xser.checkpoints(tmp_path / "plain.yaml")[0]
+        assert (ck.world_size, ck.has_training_state, ck.training["epoch"]) == (3, False, 7)
+        assert [s.checkpoint.training["rank"] for s in run(3, lambda c: xser.resume(tmp_path / "plain.yaml"))] == [0, 1, 2]

@@ -444,3 +444,14 @@ def test_g_precision_reproduces(values, precision):
         back = np.array(text.split(), np.float64).astype(np.float32)
     assume(np.isfinite(back).all())  # rounded past float32's largest: not a file DiSMEC++ (or the import) reads back
     assert (" ".join(format(float(v), f".{found}g") for v in back) + "\n").encode() == text
+
+
+def test_export_of_a_matrix_saved_by_several_ranks(tmp_path):
+    """W saved as the rows of 3 ranks (in blocks of 4 rows): exported whole, imported back equal."""
+    from reshard_model import Rows, save, w_rows
+
+    path = save(str(tmp_path / "r.yaml"), 3, steps=2, make=Rows, blocks={"*/W": 4})
+    (sub,) = xser.read_params(path)
+    export_dismec(path, f"{sub}/W", tmp_path / "dm" / "model.json", format="DenseNPY")
+    name = import_dismec(tmp_path / "dm" / "model.json", tmp_path / "back.yaml")
+    assert np.array_equal(xser.read_params(tmp_path / "back.yaml")[name]["weights"], w_rows(2, 0, 23))

@@ -104,3 +104,17 @@ class TestName:
         assert "\n  experiment: e\n" in capsys.readouterr().out
         assert main(["ensemble", a, "--out", str(tmp_path / "f.yaml"), "--name", "best three"]) == 0
         assert "\nname: best three\n" in (tmp_path / "f.yaml").read_text()
+
+
+def test_members_saved_by_several_ranks(tmp_path):
+    """Members saved by 2 and by 3 ranks: the ensemble loads in one process and at world size 2, each rank holding
+    each member's rows and ids."""
+    from reshard_model import problems, save
+    from threaded import run
+
+    a = save(str(tmp_path / "a.yaml"), 2, steps=2, blocks={"*/emb@*": 5})
+    b = save(str(tmp_path / "b.yaml"), 3, steps=2)
+    ensemble([a, b], tmp_path / "ens.yaml", durable=False)
+    whole = xser.load(tmp_path / "ens.yaml")
+    assert [problems(m, xser.dist.Local(), 2) for m in whole.members] == [[], []]
+    assert run(2, lambda c: [problems(m, c, 2) for m in xser.load(tmp_path / "ens.yaml", coordinator=c).members]) == [[[], []]] * 2

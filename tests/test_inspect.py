@@ -306,3 +306,55 @@ def test_a_model_path_value_is_not_listed_as_a_component(tmp_path):
     assert "!ModelPath {path: v.txt}" in path.read_text()
     lines = lines_of(path)
     assert [ln.split(":")[0].strip() for ln in lines[lines.index("components:") + 1:] if ": !" in ln] == ["(root)", "encoder", "decoder"]
+
+
+class TestSavedByRanks:
+    def test_world_size_and_each_ranks_state(self, tmp_path, capsys):
+        """A checkpoint saved by 3 ranks: the text and --json show the world size, the training entries every rank
+        saved alike, and each rank's training dict and training state; --verify checks the ranks' state files."""
+        import json
+
+        from reshard_model import save
+        from xser.cli import main
+
+        path = save(str(tmp_path / "m.yaml"), 3, steps=2, state=[0, 2])
+        assert main(["inspect", path]) == 0
+        text = capsys.readouterr().out
+        assert "  saved by: 3 ranks (world size 3)\n  training: {'epoch': 7}\n" in text
+        assert ("ranks: 3 (each rank's own training dict and training state; a load at another world size refuses them "
+                "unless rank_state=\"drop\")\n"
+                "  0  training state: 1 array, 152 B  training: {'rank': 0, 'epoch': 7}\n"
+                "  1  training state: -  training: {'rank': 1, 'epoch': 7}\n"
+                "  2  training state: 1 array, 152 B  training: {'rank': 2, 'epoch': 7}\n") in text
+        assert text.splitlines()[-3].split() == ["#", "directory", "step", "created", "training", "state", "ranks"]
+        assert text.splitlines()[-2].split()[-2:] == ["yes", "3"]
+        assert main(["inspect", path, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["world_size"], report["training"]) == (3, {"epoch": 7})
+        assert report["ranks"] == [
+            {"rank": 0, "training": {"rank": 0, "epoch": 7}, "training_state": {"arrays": 1, "bytes": 152}},
+            {"rank": 1, "training": {"rank": 1, "epoch": 7}, "training_state": None},
+            {"rank": 2, "training": {"rank": 2, "epoch": 7}, "training_state": {"arrays": 1, "bytes": 152}},
+        ]
+        assert [(c["world_size"], c["training_state"]) for c in report["checkpoints"]] == [(3, True), (3, True)]
+        lines = verify_model(path)
+        # W: a block per rank, b, 3 parts of the table per rank, the 2 ranks' states, the spec
+        assert lines[0].startswith("checkpoint 0 (m.yaml.data): 16 files match their checksums")
+        with open(os.path.join(path + ".data", "training_state", "rank2-0.npy"), "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"\x7f")
+        with pytest.raises(xser.DataError, match="checksum"):
+            verify_model(path)
+
+    def test_one_process_checkpoints_show_no_ranks(self, tmp_path, capsys):
+        import json
+
+        from xser.cli import main
+
+        path = tmp_path / "m.yaml"
+        xser.save(Linear(2, 3), path, training={"step": 1})
+        assert main(["inspect", str(path), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert (report["world_size"], report["ranks"], report["checkpoints"][0]["world_size"]) == (1, [], 1)
+        assert main(["inspect", str(path)]) == 0
+        assert "ranks" not in capsys.readouterr().out

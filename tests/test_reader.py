@@ -107,3 +107,20 @@ def test_hugging_face_file_and_sharded_directory(tmp_path):
 def test_not_a_model_directory(tmp_path):
     with pytest.raises(xser.DataError, match="not a model directory"):
         xser.CheckpointReader(tmp_path)
+
+
+def test_a_checkpoint_saved_by_several_ranks(tmp_path):
+    """Saved by 3 ranks (the table in blocks of 5 rows): the reader gives whole parameters and row ranges across the
+    ranks' blocks, and a table's parts row by row aligned (ids sorted within each rank's run)."""
+    from reshard_model import ALL_IDS, save, t_rows, w_rows
+
+    path = save(str(tmp_path / "m.yaml"), 3, steps=2, blocks={"*/emb@*": 5})
+    with xser.CheckpointReader(path) as r:
+        (sub,) = {n.partition("/")[0] for n in r.tensor_names()}
+        assert r.tensor_names() == [f"{sub}/{n}" for n in ("W", "b", "emb@embedding", "emb@id", "emb@m")]
+        assert np.array_equal(r.read_tensor(f"{sub}/W"), w_rows(2, 0, 23))
+        assert np.array_equal(r.read_tensor(f"{sub}/W", rows=(5, 17)), w_rows(2, 5, 17))
+        ids = r.read_tensor(f"{sub}/emb@id")
+        assert sorted(ids.tolist()) == sorted(ALL_IDS.tolist()) and r.tensor_shape(f"{sub}/emb@embedding") == (ids.size, 4)
+        assert np.array_equal(r.read_tensor(f"{sub}/emb@embedding"), t_rows(2, ids))
+        assert np.array_equal(r.read_tensor(f"{sub}/emb@m", rows=(3, 40)), -t_rows(2, ids[3:40]))

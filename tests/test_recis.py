@@ -167,3 +167,22 @@ def test_recis_itself_reads_our_files(tmp_path):
     r = CheckpointReader(str(tmp_path / "ck"))  # pragma: no cover
     assert np.array_equal(r.read_tensor("w").numpy(), W)  # pragma: no cover
     del recis, safetensors
+
+
+def test_export_of_a_checkpoint_saved_by_several_ranks(tmp_path):
+    """Saved by 3 ranks (the table as 3 runs, in blocks): the RecIS directory holds each id in the shard its
+    ``id % 65536`` says, in id order, and imports back to the same table and dense tensors."""
+    from reshard_model import ALL_IDS, save, t_rows, w_rows
+
+    path = save(str(tmp_path / "m.yaml"), 3, steps=2, blocks={"*/emb@*": 5})
+    export_recis(path, tmp_path / "rc", shards=2)
+    with xser.CheckpointReader(tmp_path / "rc") as r:
+        ids = r.read_tensor("emb@id")  # the shards' slices put together in slice order
+    first = (ids.view(np.uint64) % np.uint64(65536)) < np.uint64(gen_slice(0, 2)[1])
+    assert ids.tolist() == np.sort(ids[first]).tolist() + np.sort(ids[~first]).tolist() and first[: first.sum()].all()
+    import_recis(tmp_path / "rc", tmp_path / "back.yaml", durable=False)
+    m = xser.load(tmp_path / "back.yaml")
+    t = m.hash_tables["emb"]
+    assert t.ids.tolist() == np.sort(ALL_IDS).tolist()
+    assert np.array_equal(t.get(t.ids), t_rows(2, t.ids)) and np.array_equal(t.get(t.ids, slot="m"), -t_rows(2, t.ids))
+    assert np.array_equal(m.tensors["W"], w_rows(2, 0, 23))

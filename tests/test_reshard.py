@@ -21,7 +21,7 @@ import xser.dist
 from xser.model.tables import IdSlice, may_hold, runs
 from xser.storage.disk import dirhandle
 
-from reshard_model import ALL_IDS, SLICE, Shard, fill, problems, t_rows
+from reshard_model import ALL_IDS, SLICE, Shard, problems, save, t_rows
 from threaded import run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,24 +32,6 @@ def slice_size():
     SLICE["size"] = 12
     yield
     SLICE["size"] = 12
-
-
-def save(path: str, n: int, *, steps: int = 1, state: bool | list = True, training: bool = True, blocks=None, ids=ALL_IDS,
-         make=Shard) -> str:
-    """A checkpoint of ``make()`` saved by ``n`` ranks (threads) at steps 1..steps; ``state``: which ranks pass a
-    training state (all, none, or a list of ranks)."""
-
-    def one(c):
-        m = make()
-        with xser.CheckpointSaver(path, keep=3, durable=False, coordinator=c, blocks=blocks) as s:
-            for step in range(1, steps + 1):
-                fill(m, c, step, ids)
-                has = state is True or (isinstance(state, list) and c.rank in state)
-                s.save(m, step=step, training={"rank": c.rank, "epoch": 7} if training else None,
-                       training_state={"rng": np.full(3, 100 * c.rank + step, np.int64)} if has else None)
-
-    run(n, one)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -407,3 +407,16 @@ def test_declared_format_in_a_component(tmp_path):
     assert sorted(os.listdir(f"{path}.data/{xser.params(m).name}")) == ["params.safetensors", "v.npy"]
     back = xser.load(path)
     assert torch.equal(back.w, m.w) and torch.equal(back.v, m.v)
+
+
+def test_export_of_a_checkpoint_saved_by_several_ranks(tmp_path):
+    """Saved by 3 ranks (rows of W and the table's runs in blocks): one safetensors file with every row of W and the
+    table's parts aligned row by row."""
+    from reshard_model import ALL_IDS, save, t_rows, w_rows
+
+    path = save(str(tmp_path / "m.yaml"), 3, steps=2, blocks={"*/emb@*": 5, "*/W": 4})
+    report = export_safetensors(path, tmp_path / "hf")
+    got = safetensors.numpy.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert report.keys == 5 and np.array_equal(got["W"], w_rows(2, 0, 23)) and np.array_equal(got["b"], np.arange(3, dtype=np.float32) + 2)
+    assert sorted(got["emb@id"].tolist()) == sorted(ALL_IDS.tolist())
+    assert np.array_equal(got["emb@embedding"], t_rows(2, got["emb@id"])) and np.array_equal(got["emb@m"], -t_rows(2, got["emb@id"]))

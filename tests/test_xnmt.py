@@ -180,3 +180,15 @@ def test_special_files_are_refused_not_waited_for(tmp_path, victim, kind, what):
     result = returns_soon(lambda: import_xnmt(src / "tiny-train.mod", tmp_path / "m.yaml", durable=False))
     assert isinstance(result.get("error"), xser.DataError), result
     assert str(result["error"]) == f"{path}: {what}"
+
+
+def test_export_of_checkpoints_saved_by_several_ranks(tmp_path):
+    """Every checkpoint of a model saved by 3 ranks (rows of W in blocks) as DyNet text, imported back equal."""
+    from reshard_model import Rows, save, w_rows
+
+    path = save(str(tmp_path / "r.yaml"), 3, steps=2, make=Rows, blocks={"*/W": 4})
+    export_xnmt(path, tmp_path / "x.mod")
+    import_xnmt(tmp_path / "x.mod", tmp_path / "back.yaml")
+    for k, step in ((0, 2), (1, 1)):
+        (arrays,) = xser.read_params(tmp_path / "back.yaml", checkpoint=k).values()
+        assert np.array_equal(arrays["W"], w_rows(step, 0, 23)) and np.array_equal(arrays["b"], np.arange(3, dtype=np.float32) + step)

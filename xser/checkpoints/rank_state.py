@@ -55,9 +55,11 @@ def without(data: Any, coordinator: Coordinator | None) -> str | None:
 
 
 def rank_training(data: Any, coordinator: Coordinator | None) -> dict:
-    """This rank's ``training`` dict; at another world size, the entries every rank saved alike."""
+    """This rank's ``training`` dict; at another world size, the entries every rank saved alike (with the checkpoint's
+    own, such as those ``xser convert`` adds)."""
     ranks, c = data.manifest.ranks, _world(coordinator)
-    return dict(ranks[c.rank][0]) if len(ranks) == c.world_size else common_training(ranks)[0]
+    own = dict(ranks[c.rank][0]) if len(ranks) == c.world_size else common_training(ranks)[0]
+    return own | dict(data.meta.get("training") or {})
 
 
 def rank_part(data: Any, coordinator: Coordinator | None, rank_state: str, what: str) -> tuple[Any, dict] | None:

@@ -146,6 +146,10 @@ def _contents(data: Any, experiment: Any) -> tuple[dict, dict]:
             else:
                 dense[full] = arr
     for name, parts in tables.items():  # RecIS order: ids, embedding, then the slots
+        ids = parts["id"]
+        if ids.size > 1 and not (ids[1:] > ids[:-1]).all():  # saved by several ranks: one sorted run each
+            order = np.argsort(ids, kind="stable")
+            parts = {p: a[order] for p, a in parts.items()}
         tables[name] = {"id": parts.pop("id"), "embedding": parts.pop("embedding"), **parts}
     return tables, dense
 

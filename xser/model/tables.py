@@ -20,7 +20,7 @@ from ..errors import DataError, Location, RegistryError, shape_str
 from ..storage.dtypes import dtype_problem, resolve
 from .names import NAME_RE, _shape
 
-__all__ = ["SEP", "HashTable", "IdSlice", "Run", "may_hold", "part_of", "runs", "select"]
+__all__ = ["SEP", "HashTable", "IdSlice", "Run", "may_hold", "one_run", "part_of", "runs", "select"]
 
 SEP = "@"
 VALUE = "embedding"
@@ -113,6 +113,16 @@ def runs(ids_entry: Any, where: Location | None = None) -> list[Run]:
         raise DataError(f"{ids_entry.subcol}/{ids_entry.name}: attrs.xser.slices must be [[begin, end, size, first row, rows], "
                         f"...] tiling its {n} rows in order, got {got!r}", where) from None
     return out
+
+
+def one_run(attrs: dict) -> dict:
+    """A table part's manifest attributes for a copy whose ids are one sorted run (an average, a merge): without the
+    ranks' ``slices`` (which would name runs the copy no longer has)."""
+    xs = attrs.get("xser") if isinstance(attrs, dict) else None
+    if not isinstance(xs, dict) or "slices" not in xs:
+        return attrs
+    rest = {k: v for k, v in xs.items() if k != "slices"}
+    return {k: v for k, v in attrs.items() if k != "xser"} | ({"xser": rest} if rest else {})
 
 
 def _ids(ids: Any, where: str) -> np.ndarray:

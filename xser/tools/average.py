@@ -32,6 +32,7 @@ from ..spec import read
 from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
 from .average_tables import MISSING, table_streams, tables_of
+from ..model.tables import one_run
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
 from ..storage.manifest import ParamEntry
@@ -379,7 +380,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
             streams = table_streams(dirs, [tables_of(d.subcollections[sub])[table] for d in dirs], ws, accumulate=accumulate,
                                     missing=missing, drop_slots=drop_slots, verify=verify, where=f"{sub}/{table}")
             for part, stream in streams.items():
-                arrays[sub][f"{table}@{part}"] = (stream, parts[part].trainable, parts[part].attrs)
+                arrays[sub][f"{table}@{part}"] = (stream, parts[part].trainable, one_run(parts[part].attrs))
                 if part != "id":  # the ids are the union of the checkpoints' ids
                     (averaged if is_averaged(parts[part].dtype) else copied).append(f"{sub}/{table}@{part}")
         for name, e0 in params.items():

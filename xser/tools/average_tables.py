@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, Location, shape_str
+from ..model.tables import runs
 from ..storage.dtypes import is_averaged, round_into
 from ..storage.payloads import Stream
 
@@ -37,17 +38,36 @@ def tables_of(params: dict) -> dict[str, dict[str, Any]]:
 
 
 def _bands(d: Any, ids_e: Any, part_e: Any | None, band: int, verify: bool) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-    n = ids_e.shape[0]
-    for first in range(0, n, band):
-        stop = min(n, first + band)
-        ids = d.read(ids_e, rows=(first, stop), verify=verify)
-        yield ids, (d.read(part_e, rows=(first, stop), verify=verify) if part_e is not None else None)
+    """A checkpoint's table in id order, a band at a time. A table saved by several ranks is one sorted run per rank
+    (``tables.runs``): the runs are merged, a band of each at a time."""
+    rs = [r for r in runs(ids_e, Location(getattr(d, "path", ""))) if r.stop > r.first]
+    if len(rs) <= 1:
+        yield from _run(d, ids_e, part_e, rs[0].first if rs else 0, rs[0].stop if rs else 0, band, verify)
+        return
+    for group in _groups([_run(d, ids_e, part_e, r.first, r.stop, band, verify) for r in rs]):
+        ids = np.concatenate([g[0] for g in group])
+        order = np.argsort(ids, kind="stable")
+        rows = None if part_e is None else np.concatenate([g[1] for g in group if g[1] is not None])[order]
+        if ids.size:
+            yield ids[order], rows
+
+
+def _run(d: Any, ids_e: Any, part_e: Any | None, first: int, stop: int, band: int, verify: bool) -> Iterator[tuple]:
+    for a in range(first, stop, band):
+        b = min(stop, a + band)
+        ids = d.read(ids_e, rows=(a, b), verify=verify)
+        yield ids, (d.read(part_e, rows=(a, b), verify=verify) if part_e is not None else None)
 
 
 def _merge(dirs: list, tables: list[dict], part: str | None, band: int, verify: bool) -> Iterator[list[tuple]]:
     """Complete groups: for each step, ``[(ids, rows or None) per checkpoint]`` holding every id <= the bound."""
-    its = [_bands(d, t["id"], t.get(part) if part else None, band, verify) for d, t in zip(dirs, tables)]
-    bufs: list[tuple[np.ndarray, Any] | None] = [next(it, None) for it in its]
+    return _groups([_bands(d, t["id"], t.get(part) if part else None, band, verify) for d, t in zip(dirs, tables)])
+
+
+def _groups(its: list[Iterator[tuple]]) -> Iterator[list[tuple]]:
+    """A k-way merge of sorted streams of ``(ids, rows or None)`` bands: each group holds, from every stream, its ids up
+    to the smallest last id read among the streams still going (so every id up to there is complete)."""
+    bufs: list[tuple[np.ndarray, Any] | None] = [_next(it) for it in its]
     while True:
         live = [b for b in bufs if b is not None]
         if not live:
@@ -62,10 +82,18 @@ def _merge(dirs: list, tables: list[dict], part: str | None, band: int, verify: 
             group.append((b[0][:k], None if b[1] is None else b[1][:k]))
             rest = (b[0][k:], None if b[1] is None else b[1][k:])
             if rest[0].size == 0:
-                bufs[i] = next(its[i], None)
+                bufs[i] = _next(its[i])
             else:
                 bufs[i] = rest
         yield group
+
+
+def _next(it: Iterator[tuple]) -> tuple | None:
+    """The next band of a stream that is not empty (None at its end)."""
+    for b in it:
+        if b[0].size:
+            return b
+    return None
 
 
 def _union(group: list[tuple]) -> np.ndarray:

@@ -27,6 +27,7 @@ from ..storage.listing import scan, selector
 from ..storage.opened import OpenedDir
 from ..storage.payloads import from_entry
 from ..storage.stores import options as storage_context
+from .ranks import rank_states
 from .where import same_path
 
 __all__ = ["ConvertReport", "convert", "fresh_names", "numbered"]
@@ -149,6 +150,15 @@ def _convert_opened(saved: SavedModel, path: str, out: str, *, keep_training_sta
     state_tree = state_arrays = None
     if keep_training_state and data.manifest.state is not None:
         state_tree, state_arrays = training_state.encode(_training_state_files(data, verify))
+    if data.manifest.ranks:  # saved by several ranks: their training dicts, and their training states if kept
+        states = rank_states(data, verify)
+        meta["ranks"] = [training for training, _ in states]
+        if keep_training_state and any(state is not None for _, state in states):
+            state_tree, state_arrays = [], {}
+            for r, (_, state) in enumerate(states):
+                rank_tree, arrays = (None, {}) if state is None else training_state.encode(state)
+                state_tree.append(rank_tree)
+                state_arrays.update({f"rank{r}-{k}": v for k, v in arrays.items()})
     text = spec_header(out) + dump(tree)
     snap = Snapshot(text, linked_arrays(data, mapping, verify=verify), meta, {}, state_tree, state_arrays)
     write_new_model(out, [snap], SaveOptions(durable), force=force)

@@ -20,11 +20,14 @@ from ..storage.dtypes import find
 from ..spec.saved import MODEL_PATH, SavedModel, hand_edit, open_saved, top_level_state, with_edit, with_spec
 from ..storage.layout import models_in, slot_of
 from ..storage.listing import Checkpoint, checkpoints, scan
+from ..storage.scanned import common_training
 from ..storage.objects.commit import RemoteScan, data_root, record_path
 from ..storage.objects.opened import RemoteDir
 from ..storage.stores import is_url, store_for
 from ..storage.stores import options as storage_context
 from .convert import spec_subcols
+from .ranks import rank_lines, ranks_json
+from .reader import tensor_lines  # noqa: F401 - the CLI imports it from here
 from .where import is_dir, is_file, join, same_path
 
 __all__ = ["ModelView", "foreign_kind", "json_text", "not_a_model_directory", "open_model", "verify_model"]
@@ -144,8 +147,10 @@ class ModelView:
                            "created": meta.get("created"), "xser_version": meta.get("xser_version"),
                            "format_version": meta.get("format_version")},
             "spec": {"file": self.spec_file, "top_level": self.top},
-            "training": meta.get("training") or {},
+            "training": self.training,
             "custom": meta.get("custom") or {},
+            "world_size": len(self.data.manifest.ranks) or 1,
+            "ranks": ranks_json(self.data),
             "components": [
                 {"path": path, "tag": t.tag, "subcollection": t.args.get("xser_subcol_name") if t.tag != "!Ref" else None}
                 | ({"ref": t.args.get("name") or t.args.get("path")} if t.tag == "!Ref" else {})
@@ -156,6 +161,11 @@ class ModelView:
             ],
             "bytes_on_disk": self.bytes_on_disk(),
         } | ({"remote": self.remote} if self.remote is not None else {})
+
+    @property
+    def training(self) -> dict:
+        """The checkpoint's ``training`` dict; of one saved by several ranks, the entries every rank saved alike."""
+        return common_training(self.data.manifest.ranks)[0] | dict(self.data.meta.get("training") or {})
 
     def lines(self) -> list[str]:
         meta = self.data.meta
@@ -172,9 +182,12 @@ class ModelView:
             out.append(f"  edit: {self.edit.difference()}")
         if self.remote is not None:
             out.extend(remote_lines(self.remote))
+        if self.data.manifest.ranks:
+            out.append(f"  saved by: {len(self.data.manifest.ranks)} ranks (world size {len(self.data.manifest.ranks)})")
         for key in ("training", "custom"):
-            if meta.get(key):
-                text = str(meta[key])
+            value = self.training if key == "training" else meta.get(key)
+            if value:
+                text = str(value)
                 if len(text) > 300:  # e.g. an imported model's original spec text
                     text = text[:300] + f"... ({len(text)} characters in the manifest)"
                 out.append(f"  {key}: {text}")
@@ -212,6 +225,7 @@ class ModelView:
                     flag += f"  ({r['links']} links: shared with other checkpoints or models)"
                 shape = repr(tuple(e.shape))
                 out.append(f"    {r['name']:<{width}}  {shape:<14} {str(e.dtype):<8} {r['bytes']:>12,} B{flag}")
+        out.extend(rank_lines(self.data))
         if len(self.checkpoints) > 1 or any(c.step is not None or c.metrics for c in self.checkpoints):
             out.append("")
             out.extend(checkpoint_table(self.checkpoints))
@@ -235,25 +249,6 @@ def remote_lines(remote: dict[str, Any]) -> list[str]:
     return out
 
 
-def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None, *,
-                 storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Any saved model's tensors through ``CheckpointReader``: name, shape, dtype tag, bytes (metadata only)."""
-    from .reader import CheckpointReader
-
-    with CheckpointReader(path, checkpoint, storage_options=storage_options) as r:
-        names = r.tensor_names()
-        width = max((len(n) for n in names), default=0)
-        out = [f"{r.kind} model {os.fspath(path)}: {len(names)} tensors"]
-        total = 0
-        for n in names:
-            shape, tag = r.tensor_shape(n), r.tensor_dtype(n)
-            size = int(np.prod(shape, dtype=np.int64)) * r._meta[n][0].itemsize
-            total += size
-            out.append(f"  {n:<{width}}  {shape!r:<16} {tag:<10} {size:>14,} B")
-        out.append(f"  total {total:,} B")
-    return out
-
-
 def _dtype_name(dtype: Any) -> str:
     """The dtype's name in xser's table (float32, bfloat16, ...), else numpy's description (records)."""
     d = find(dtype)
@@ -268,11 +263,13 @@ def _files(entries: Any) -> dict:
 def checkpoint_table(ckpts: list[Checkpoint]) -> list[str]:
     """The checkpoints as an aligned text table, newest first."""
     names = sorted({m for c in ckpts for m in c.metrics})
-    head = ["#", "directory", "step", "created"] + names + ["training state"]
+    ranks = any(c.world_size > 1 for c in ckpts)  # a column only where some checkpoint was saved by several ranks
+    head = ["#", "directory", "step", "created"] + names + ["training state"] + (["ranks"] if ranks else [])
     rows = [
         [str(c.index), os.path.basename(c.path), "-" if c.step is None else str(c.step), c.created]
         + [_fmt(c.metrics.get(m)) for m in names]
         + ["yes" if c.has_training_state else "-"]
+        + ([str(c.world_size)] if ranks else [])
         for c in ckpts
     ]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
@@ -350,8 +347,11 @@ def verify_model(path: str | os.PathLike, *, storage_options: Mapping[str, Any] 
                 saved = with_spec(path, data)
                 data.read_all(verify=True)
                 data.read_state_arrays(verify=True)
+                ranks = [e for _, _, es in data.manifest.ranks for e in es.values()]  # each rank's training state
+                for e in ranks:
+                    data.read(e, verify=True)
                 belong_together(saved)
-                entries = [e for p in data.subcollections.values() for e in p.values()] + list(data.manifest.state_entries.values())
+                entries = [e for p in data.subcollections.values() for e in p.values()] + list(data.manifest.state_entries.values()) + ranks
                 n = len(_files(entries)) + (data.manifest.spec is not None)
                 lines.append(f"checkpoint {c.index} ({os.path.basename(data.path)}): {n} files match their checksums; "
                              "spec and data belong together")

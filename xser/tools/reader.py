@@ -28,7 +28,7 @@ from ..storage.recis_layout import read_block, read_layout, tensors
 from ..storage.stores import Store, is_url, store_for
 from ..storage.stores import options as storage_context
 
-__all__ = ["CheckpointReader"]
+__all__ = ["CheckpointReader", "tensor_lines"]
 
 
 
@@ -158,3 +158,19 @@ class _Entry:
     def __init__(self, name: str, shape: tuple) -> None:
         self.subcol, self.name, self.shape = "", name, shape
 
+
+def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None, *,
+                 storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Any saved model's tensors through ``CheckpointReader``: name, shape, dtype tag, bytes (metadata only)."""
+    with CheckpointReader(path, checkpoint, storage_options=storage_options) as r:
+        names = r.tensor_names()
+        width = max((len(n) for n in names), default=0)
+        out = [f"{r.kind} model {os.fspath(path)}: {len(names)} tensors"]
+        total = 0
+        for n in names:
+            shape, tag = r.tensor_shape(n), r.tensor_dtype(n)
+            size = int(np.prod(shape, dtype=np.int64)) * r._meta[n][0].itemsize
+            total += size
+            out.append(f"  {n:<{width}}  {shape!r:<16} {tag:<10} {size:>14,} B")
+        out.append(f"  total {total:,} B")
+    return out

@@ -58,7 +58,7 @@ def _distance(newest: OpenedDir, other: OpenedDir, verify: bool) -> float | None
 def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool = False,
                storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``{"model", "metrics": [names], "checkpoints": [{index, directory, step, created, metrics, training_state,
-    distance_to_newest}]}``, newest first, all read from one listing of the model (a local path or a URL, with
+    world_size, distance_to_newest}]}``, newest first, all read from one listing of the model (a local path or a URL, with
     ``storage_options`` for its filesystem; remote weights are streamed in ranged reads)."""
     path = os.fspath(path)
 
@@ -70,7 +70,7 @@ def trajectory(path: str | os.PathLike, *, distances: bool = True, verify: bool 
                 dist = (0.0 if d is newest else _distance(newest, d, verify)) if distances else None
                 rows.append({
                     "index": ck.index, "directory": os.path.basename(ck.path), "step": ck.step, "created": ck.created,
-                    "metrics": ck.metrics, "training_state": ck.has_training_state,
+                    "metrics": ck.metrics, "training_state": ck.has_training_state, "world_size": ck.world_size,
                     "distance_to_newest": None if dist is None or math.isinf(dist) else dist,
                 })
         return {"model": path, "metrics": sorted({m for r in rows for m in r["metrics"]}), "checkpoints": rows}

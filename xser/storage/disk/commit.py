@@ -117,11 +117,29 @@ def manifest_of(plan: Plan, results: list[WriteResult], meta: Mapping[str, Any],
 
     if plan.state is not None:
         manifest["training_state"] = {"tree": plan.state_tree, "arrays": {p.name: entry(p) for p in plan.state}}
+    if meta.get("ranks") is not None:
+        _per_rank(manifest, meta["ranks"])
     subs: dict[str, dict] = {s: {} for s in plan.subcollections}
     for p in plan.params:
         subs[p.sub][p.name] = entry(p)
     manifest["subcollections"] = subs
     return manifest
+
+
+def _per_rank(manifest: dict, ranks: list) -> None:
+    """A copy of a checkpoint saved by several ranks (``xser convert --keep-training-state``): ``meta["ranks"]`` holds
+    each rank's ``training`` dict, the training state's tree is the list of the ranks' trees (None: a rank without)
+    and its arrays are named ``rank<r>-<key>``; the manifest keeps them per rank, as a distributed save writes them."""
+    ts = manifest.pop("training_state", None)
+    trees = ts["tree"] if ts is not None else [None] * len(ranks)
+    manifest["world_size"] = len(ranks)
+    manifest["ranks"] = []
+    for r, training in enumerate(ranks):
+        entry: dict = {"training": dict(training)}
+        if trees[r] is not None:
+            prefix = f"rank{r}-"
+            entry["training_state"] = {"tree": trees[r], "arrays": {k[len(prefix):]: e for k, e in ts["arrays"].items() if k.startswith(prefix)}}
+        manifest["ranks"].append(entry)
 
 
 def counts(plan: Plan, results: list[WriteResult]) -> tuple[int, int]:
