@@ -67,19 +67,23 @@ def t_rows(step: int, ids: np.ndarray) -> np.ndarray:
 
 @xser.serializable
 class Head:
-    def __init__(self):
+    def __attrs_post_init__(self):
         self.v = xser.params(self).add("v", (2,))
 
 
 @xser.serializable
 class Mixed:
-    def __init__(self, rows: int = ROWS, cols: int = COLS, buckets: int = BUCKETS):
+    rows: int = ROWS
+    cols: int = COLS
+    buckets: int = BUCKETS
+
+    def __attrs_post_init__(self):
         p = xser.params(self)
         held = OVERRIDE.get("held")
-        self.W = p.add("W", (rows, cols), rows=tuple(held) if held else xser.dist.rows(rows))
-        self.b = p.add("b", (cols,))
+        self.W = p.add("W", (self.rows, self.cols), rows=tuple(held) if held else xser.dist.rows(self.rows))
+        self.b = p.add("b", (self.cols,))
         sl = OVERRIDE.get("slice")
-        self.emb = p.add_table("emb", 4, slots=("m",), slice=xser.IdSlice(*(sl or xser.dist.rows(buckets)), buckets))
+        self.emb = p.add_table("emb", 4, slots=("m",), slice=xser.IdSlice(*(sl or xser.dist.rows(self.buckets)), self.buckets))
         if OVERRIDE.get("extra"):
             self.head = Head()
 
@@ -147,10 +151,11 @@ def host_store(port: int, world: int) -> None:
         time.sleep(60)
 
 
-def leave(rank: int, world: int, store: str) -> None:
-    """Before the process exits: when rank 0 holds the job's store, it waits (a few seconds at most) until every rank
-    is done with it, so that a rank still reading the last outcome does not find the store gone."""
-    if world < 2 or store != "rank0":
+def leave(rank: int, world: int) -> None:
+    """Before the process exits: every rank waits (a few seconds at most) until every other rank is done with the job,
+    so that no rank finds the store gone (rank 0 holds it with ``init_method=tcp://``) or a gloo connection closed
+    while it still reads the last outcome or still joins the job."""
+    if world < 2:
         return
     import datetime
 
@@ -159,9 +164,8 @@ def leave(rank: int, world: int, store: str) -> None:
     try:
         s = dist.distributed_c10d._get_default_store()
         s.set(f"dist_child/left/{rank}", "1")
-        if rank == 0:
-            s.wait([f"dist_child/left/{r}" for r in range(1, world)], datetime.timedelta(seconds=8))
-    except Exception:  # noqa: BLE001 - a rank that died or hangs: leave anyway
+        s.wait([f"dist_child/left/{r}" for r in range(world) if r != rank], datetime.timedelta(seconds=5))
+    except Exception:  # noqa: BLE001 - a rank that died or hangs, or the store gone: leave anyway
         pass
 
 
@@ -386,7 +390,7 @@ def _case_child(rank: int, case: dict, file: str) -> None:
     with open(file + ".tmp", "w") as f:
         json.dump(out, f)
     os.rename(file + ".tmp", file)
-    leave(rank, case["world"], case.get("store", "rank0"))
+    leave(rank, case["world"])
 
 
 def main() -> None:
@@ -397,7 +401,7 @@ def main() -> None:
     args = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}
     out = run_case(rank, {"world": world, "port": port, "scenario": scenario, "path": path, "args": args})
     print(json.dumps(out), flush=True)
-    leave(rank, world, "rank0")
+    leave(rank, world)
     os._exit(0)  # no atexit teardown of the process group: a dead peer must not make the exit hang
 
 

@@ -192,51 +192,27 @@ def state_of(path, rank: int, slot: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------- saved once, loaded at any world size
 
 
+#: id: (world size, api, steps, rows of W, hash buckets, training_state saved); "small": rank 2 of 3 holds no row of W and an
+#: empty id slice
+MODELS = {
+    "by2": (2, "saver", [1, 2, 3, 4], ROWS, BUCKETS, True),
+    "by3": (3, "saver", [1, 2, 3], ROWS, BUCKETS, True),
+    "x2": (2, "xsave", [5, 6], ROWS, BUCKETS, False),
+    "x3": (3, "xsave", [7], ROWS, BUCKETS, False),
+    "small": (3, "saver", [1], 2, 2, False),
+}
+
+
 @pytest.fixture(scope="module")
 def saved(pool, tmp_path_factory):
-    """Models saved by 2 and 3 ranks (CheckpointSaver, keep=2, four steps; xser.save), then loaded at world sizes
-    1, 2 and 3 and alone (no torch.distributed)."""
+    """MODELS saved (CheckpointSaver with keep=2, or xser.save), then loaded alone (no torch.distributed) and at world
+    sizes 1, 2 and 3."""
     d = tmp_path_factory.mktemp("saved")
-    saves = pool.run([
-        case("by2", 2, d / "by2/m.yaml", steps=[1, 2, 3, 4], keep=2),
-        case("by3", 3, d / "by3/m.yaml", steps=[1, 2, 3], keep=2),
-        case("x2", 2, d / "x2/m.yaml", api="xsave", steps=[5, 6]),
-        case("x3", 3, d / "x3/m.yaml", api="xsave", steps=[7]),
-    ])
-    steps = {"by2": 4, "by3": 3, "x2": 6, "x3": 7}
-    loads = pool.run([case(f"{m}-{n}", n, d / m / "m.yaml", "load", step=s) for m, s in steps.items() for n in (0, 1, 2, 3)])
+    saves = pool.run([case(m, w, d / m / "m.yaml", api=api, steps=steps, keep=2, rows=rows, buckets=buckets, state=state)
+                      for m, (w, api, steps, rows, buckets, state) in MODELS.items()])
+    loads = pool.run([case(f"{m}-{n}", n, d / m / "m.yaml", "load", step=steps[-1], rows=rows, buckets=buckets)
+                      for m, (_, _, steps, rows, buckets, _) in MODELS.items() for n in (0, 1, 2, 3)])
     return d, saves, loads
-
-
-@pytest.mark.parametrize("model, world, step", [("by2", 2, 4), ("by3", 3, 3), ("x2", 2, 6), ("x3", 3, 7)])
-def test_one_checkpoint_with_every_rank_part(saved, model, world, step):
-    """One commit: one checkpoint (two with keep=2), with the world size, W's blocks tiling its rows in rank order, the
-    table's parts from every rank with their id slices, and each rank's training state."""
-    d, saves, _ = saved
-    oks(saves[model])
-    path = d / model / "m.yaml"
-    assert leftovers(path) == []
-    xsave = model.startswith("x")
-    assert [c.step for c in xser.checkpoints(path)] == ([None] if xsave else [step, step - 1])
-    m = manifest(path)
-    assert m["world_size"] == world and m["step"] == (None if xsave else step)
-    sub = m["subcollections"][next(iter(m["subcollections"]))]
-    shares = [xser.dist.rows(ROWS, _Rank(r, world)) for r in range(world)]
-    assert [(b["start"], b["shape"]) for b in sub["W"]["blocks"]] == [([a, 0], [b - a, COLS]) for a, b in shares]
-    assert sub["W"]["shape"] == [ROWS, COLS] and len(sub["b"]["blocks"]) == 1
-    buckets = [xser.dist.rows(BUCKETS, _Rank(r, world)) for r in range(world)]
-    counts = [int(xser.IdSlice(a, b, BUCKETS).mask(every_id()).sum()) for a, b in buckets]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    assert sub["emb@id"]["attrs"]["xser"]["slices"] == [[a, b, BUCKETS, offsets[r], counts[r]] for r, (a, b) in enumerate(buckets)]
-    for part in ("emb@id", "emb@embedding", "emb@m"):
-        assert [b["start"][0] for b in sub[part]["blocks"]] == offsets[:-1], part
-        assert sub[part]["shape"][0] == len(every_id())
-    assert [r["training"] for r in m["ranks"]] == [{"rank": r, "step": step} for r in range(world)]
-    for r in range(world):
-        if xsave:
-            assert "training_state" not in m["ranks"][r]
-        else:
-            assert state_of(path, r).tolist() == [r * 100 + step] * 3
 
 
 class _Rank:
@@ -244,18 +220,60 @@ class _Rank:
         self.rank, self.world_size = rank, world
 
 
-@pytest.mark.parametrize("model", ["by2", "by3", "x2", "x3"])
-@pytest.mark.parametrize("world", [0, 1, 2, 3])
+def share(rank: int, world: int, rows: int = ROWS, buckets: int = BUCKETS) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """A rank's rows of W, its id buckets and how many of the test's ids fall in them."""
+    c = _Rank(rank, world)
+    sl = xser.dist.rows(buckets, c)
+    return xser.dist.rows(rows, c), sl, int(xser.IdSlice(*sl, buckets).mask(every_id()).sum())
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_one_checkpoint_with_every_rank_part(saved, model):
+    """One commit: one checkpoint (two with keep=2), with the world size, W's blocks tiling its rows in rank order, the
+    table's parts from every rank with their id slices, and each rank's training state."""
+    d, saves, _ = saved
+    world, api, steps, rows, buckets, state = MODELS[model]
+    step = steps[-1]
+    oks(saves[model])
+    path = d / model / "m.yaml"
+    assert leftovers(path) == []
+    xsave = api == "xsave"
+    assert [c.step for c in xser.checkpoints(path)] == ([None] if xsave else steps[::-1][:2])
+    m = manifest(path)
+    assert m["world_size"] == world and m["step"] == (None if xsave else step)
+    sub = m["subcollections"][next(iter(m["subcollections"]))]
+    shares = [share(r, world, rows, buckets) for r in range(world)]
+    assert [(b["start"], b["shape"]) for b in sub["W"]["blocks"]] == [([a, 0], [b - a, COLS]) for (a, b), _, _ in shares if b > a]
+    assert sub["W"]["shape"] == [rows, COLS] and len(sub["b"]["blocks"]) == 1
+    counts = [n for _, _, n in shares]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+    assert sub["emb@id"]["attrs"]["xser"]["slices"] == [[a, b, buckets, offsets[r], counts[r]] for r, (_, (a, b), _) in enumerate(shares)]
+    for part in ("emb@id", "emb@embedding", "emb@m"):
+        assert [b["start"][0] for b in sub[part]["blocks"]] == [offsets[r] for r in range(world) if counts[r]], part
+        assert sub[part]["shape"][0] == len(every_id())
+    assert [r["training"] for r in m["ranks"]] == [{"rank": r, "step": step} for r in range(world)]
+    for r in range(world):
+        if state:
+            assert state_of(path, r).tolist() == [r * 100 + step] * 3
+        else:
+            assert "training_state" not in m["ranks"][r]
+
+
+LOADS = [pytest.param(m, w, marks=pytest.mark.xfail(strict=True, reason="a rank without rows cannot load (check_rows "
+                                                     "refuses an empty range): see test_rank_without_rows_loads"))
+         if (m, w) == ("small", 3) else (m, w) for m in MODELS for w in (0, 1, 2, 3)]
+
+
+@pytest.mark.parametrize("model, world", LOADS)
 def test_loaded_at_any_world_size(saved, model, world):
     """Saved by 2 -> loaded by 1, 2, 3 and alone; saved by 3 -> by 1, 2, 3 and alone: each rank holds exactly its rows and
     its ids, with the values of the newest step."""
     d, _, loads = saved
     got = loads[f"{model}-{world}"]
     oks(got)
-    n = max(world, 1)
+    _, _, _, rows, buckets, _ = MODELS[model]
     for r, res in enumerate(got):
-        a, b = xser.dist.rows(ROWS, _Rank(r, n))
-        ids = int(xser.IdSlice(*xser.dist.rows(BUCKETS, _Rank(r, n)), BUCKETS).mask(every_id()).sum())
+        (a, b), _, ids = share(r, max(world, 1), rows, buckets)
         assert res["shapes"] == [[b - a, COLS], ids]
 
 
@@ -268,3 +286,160 @@ def test_rotation_removes_each_old_checkpoint_once(saved):
         assert [r[1] for r in res["reports"]] == [[], [], [1]]
     assert sorted(os.listdir(d / "by2")) == ["m.yaml", "m.yaml.data", "m.yaml.data.1"]
     assert sorted(os.listdir(d / "x2")) == ["m.yaml", "m.yaml.data"]  # xser.save replaced the newest checkpoint
+
+
+# ---------------------------------------------------------------- failures: nothing published, every rank raises
+
+G, W = f"{TIMEOUT * 0.8:g}", f"{TIMEOUT:g}"  # how long rank 0 waits for a rank, and a rank for rank 0
+LATE = "(it died, hangs, or is slower than the timeout)"
+GONE = r"RankFailure: the job's store is unreachable while {} \(rank 0 died, or the launcher that holds the store\): .+"
+
+
+GAVE_UP = "RankFailure: rank {} gave up waiting for rank 0 while {}: rank 0 was slower than the timeout (%s s)" % W
+
+
+def late(rank: int, phase: str) -> str:
+    return f"RankFailure: rank {rank} did not answer within {G if rank else W} s while {phase} {LATE}"
+
+
+#: id: (world, fault, {rank: the error it raises (a regular expression when it starts with "re:")}, options)
+#: options: store ("rank0": init_method=tcp://, rank 0 holds the job's store; "launcher": another process holds it, as
+#: torchrun's agent), api ("saver" or "xsave"), small (W with 2 rows, 2 buckets: rank 2 of 3 holds nothing)
+FAILURES = {
+    # a rank SIGKILLed before, during and after its block writes, and between the manifest's fsync and publication
+    "kill1-before-writes": (2, {"rank": 1, "kind": "kill", "at": "planned"}, {0: late(1, "writing its blocks")}, {}),
+    "kill1-during-writes": (2, {"rank": 1, "kind": "kill", "call": 5}, {0: late(1, "writing its blocks")}, {}),
+    "kill1-after-writes": (2, {"rank": 1, "kind": "kill", "at": "written"}, {0: late(1, "writing its blocks")}, {}),
+    "kill1-before-publication": (2, {"rank": 1, "kind": "kill", "at": "acknowledged"}, {0: late(1, "publishing")}, {}),
+    "kill0-before-writes": (2, {"rank": 0, "kind": "kill", "at": "planned"},
+                            {1: "re:" + GONE.format("(planning the save|writing its blocks)")}, {}),
+    "kill0-during-writes": (2, {"rank": 0, "kind": "kill", "call": 7},
+                            {1: "re:" + GONE.format("(planning the save|writing its blocks)")}, {}),
+    "kill0-after-writes": (2, {"rank": 0, "kind": "kill", "at": "written"},
+                           {1: "re:" + GONE.format("(planning the save|writing its blocks)")}, {}),
+    "kill0-after-manifest": (2, {"rank": 0, "kind": "kill", "at": "finished"}, {1: "re:" + GONE.format("writing its blocks")}, {}),
+    "kill0-before-acknowledging": (2, {"rank": 0, "kind": "kill", "at": "acknowledged"},
+                                   {1: "re:" + GONE.format("(writing its blocks|publishing)")}, {}),
+    "kill0-before-publication": (2, {"rank": 0, "kind": "kill", "at": "publishing"}, {1: "re:" + GONE.format("publishing")}, {}),
+    "kill0-before-writes-launcher": (2, {"rank": 0, "kind": "kill", "at": "planned"}, {1: late(0, "writing its blocks")},
+                                     {"store": "launcher"}),
+    "kill0-after-manifest-launcher": (2, {"rank": 0, "kind": "kill", "at": "finished"}, {1: late(0, "writing its blocks")},
+                                      {"store": "launcher"}),
+    "kill2-of-3-after-writes": (3, {"rank": 2, "kind": "kill", "at": "written"},
+                                {0: late(2, "writing its blocks"), 1: late(2, "writing its blocks")}, {}),
+    "kill1-xsave": (2, {"rank": 1, "kind": "kill", "at": "written"}, {0: late(1, "writing its blocks")}, {"api": "xsave"}),
+    "kill0-xsave-after-manifest": (2, {"rank": 0, "kind": "kill", "at": "finished"}, {1: "re:" + GONE.format("writing its blocks")},
+                                   {"api": "xsave"}),
+    # a rank that raises an exception that cannot be pickled
+    "unpicklable2-of-3": (3, {"rank": 2, "kind": "raise", "at": "written", "unpicklable": True},
+                          {0: "RankFailure: rank 2 failed while writing its blocks: Unpicklable: boom on rank 2",
+                           1: "RankFailure: rank 2 failed while writing its blocks: Unpicklable: boom on rank 2",
+                           2: "Unpicklable: boom on rank 2"}, {}),
+    "unpicklable0-deciding": (2, {"rank": 0, "kind": "raise", "at": "finished", "unpicklable": True},
+                              {0: "Unpicklable: boom on rank 0",
+                               1: "RankFailure: rank 0 failed while writing its blocks: Unpicklable: boom on rank 0"}, {}),
+    # a rank with no blocks (3 ranks over W with 2 rows and 2 buckets: rank 2 holds no rows and an empty id slice)
+    "kill2-no-blocks": (3, {"rank": 2, "kind": "kill", "at": "written"},
+                        {0: late(2, "writing its blocks"), 1: late(2, "writing its blocks")}, {"small": True}),
+    # a rank that sleeps past the timeout
+    "sleep1-before-saving": (2, {"rank": 1, "kind": "sleep", "at": "start", "seconds": TIMEOUT + 1.5},
+                             {0: late(1, "planning the save")}, {}),
+    "sleep1-writing": (2, {"rank": 1, "kind": "sleep", "at": "planned", "seconds": TIMEOUT + 1.5},
+                       {0: late(1, "writing its blocks")}, {}),
+    "sleep0-writing": (2, {"rank": 0, "kind": "sleep", "at": "planned", "seconds": TIMEOUT + 1.5},
+                       {0: GAVE_UP.format(1, "writing its blocks"), 1: late(0, "writing its blocks")}, {"store": "launcher"}),
+    "sleep0-before-acknowledging": (2, {"rank": 0, "kind": "sleep", "at": "acknowledged", "seconds": TIMEOUT + 1.5},
+                                    {0: GAVE_UP.format(1, "publishing"), 1: late(0, "publishing")}, {"store": "launcher"}),
+    # rank 0 is past the point of no return (it began to publish) when rank 1's wait ends: rank 1 waits once more
+    "sleep0-publishing": (2, {"rank": 0, "kind": "sleep", "at": "publishing", "seconds": TIMEOUT + 1.5}, {0: None, 1: None}, {}),
+}
+
+
+def _template(world: int, small: bool) -> dict:
+    return {"rows": 2, "buckets": 2, "state": False} if small else {}
+
+
+def _resume(small: bool, newest: int) -> dict:
+    """How a job continues the model: it loads the newest checkpoint (each rank its share); the small model is built
+    afresh and replaces the model (restart=True), as a rank without rows cannot load (test_rank_without_rows_loads)."""
+    return {"restart": True} if small else {"resume": newest}
+
+
+@pytest.fixture(scope="module")
+def failures(pool, tmp_path_factory):
+    """Each case of FAILURES on a copy of a model saved by its world size (steps 1 and 2, keep=2): a job that resumes it
+    and saves step 3 with the fault; then a fresh job that resumes the newest checkpoint and saves the next step."""
+    d = tmp_path_factory.mktemp("failures")
+    kinds = sorted({(w, bool(o.get("small"))) for w, _, _, o in FAILURES.values()})
+    made = pool.run([case(f"t{w}{'s' if small else ''}", w, d / f"t{w}{'s' if small else ''}/m.yaml", steps=[1, 2],
+                          **_template(w, small)) for w, small in kinds])
+    for res in made.values():
+        oks(res)
+    before, cases = {}, []
+    for id, (world, fault, _, o) in FAILURES.items():
+        t = f"t{world}{'s' if o.get('small') else ''}"
+        shutil.copytree(d / t, d / id, symlinks=True)
+        before[id] = fingerprint(d / id / "m.yaml")
+        cases.append(case(id, world, d / id / "m.yaml", store=o.get("store", "rank0"), api=o.get("api", "saver"), steps=[3],
+                          timeout=TIMEOUT, fault=fault, **_template(world, bool(o.get("small"))), **_resume(bool(o.get("small")), 2)))
+    failed = pool.run(cases)
+    after = {id: (fingerprint(d / id / "m.yaml"), leftovers(d / id / "m.yaml")) for id in FAILURES}
+    again = []
+    for id, (world, _, expect, o) in FAILURES.items():
+        newest = xser.checkpoints(d / id / "m.yaml")[0].step
+        again.append(case(id, world, d / id / "m.yaml", api=o.get("api", "saver"), steps=[newest + 1],
+                          **_template(world, bool(o.get("small"))), **_resume(bool(o.get("small")), newest)))
+    recovered = pool.run(again)
+    return d, before, failed, after, recovered
+
+
+def _matches(expected: str | None, got: dict) -> bool:
+    if expected is None:
+        return got["ok"] and "ended" not in got
+    if got["ok"] or "ended" in got:
+        return False
+    if expected.startswith("re:"):
+        return re.fullmatch(expected[3:], got["error"]) is not None
+    return got["error"] == expected
+
+
+@pytest.mark.parametrize("id", list(FAILURES))
+def test_failed_rank_publishes_nothing(failures, id):
+    """Nothing is published: every checkpoint loads as before, bit for bit; every surviving rank raises within the timeout,
+    naming the failed rank and the phase; the failed rank is gone (killed), raised, or slept through it. Rank 0, if it
+    survived, removed the staging directory."""
+    d, before, failed, after, _ = failures
+    world, fault, expect, o = FAILURES[id]
+    got = failed[id]
+    shown = json.dumps(got, indent=1)
+    for r, e in expect.items():
+        assert _matches(e, got[r]), f"rank {r}: expected {e!r}\n{shown}"
+    published = all(e is None for e in expect.values())
+    fp, left = after[id]
+    if published:
+        assert [c[0] for c in fp.values()] == [3, 2] and fp[1] == before[id][0], shown
+        return
+    assert fp == before[id], shown
+    if fault["kind"] == "kill":
+        assert got[fault["rank"]].get("ended") == "killed by signal 9", shown
+    if fault["rank"] != 0:
+        assert left == [], shown
+    for r in expect:  # the survivors: within the timeout (plus what the save did before the failed round)
+        assert got[r]["seconds"] < TIMEOUT + SLACK, shown
+
+
+@pytest.mark.parametrize("id", list(FAILURES))
+def test_next_save_after_a_failure(failures, id):
+    """A fresh job on the same path resumes the newest checkpoint (its values exact) and saves the next step; nothing of
+    the failed save is left over."""
+    d, _, _, _, recovered = failures
+    oks(recovered[id])
+    path = d / id / "m.yaml"
+    assert leftovers(path) == []
+    steps = [c.step for c in xser.checkpoints(path)]
+    if FAILURES[id][3].get("api") == "xsave":  # xser.save replaced the newest checkpoint
+        assert steps == [None, 1]
+    elif FAILURES[id][3].get("small"):  # restart=True: the new model replaced the old one's checkpoints
+        assert steps == [3]
+    else:
+        assert steps == [3, 2] or (steps == [4, 3] and all(e is None for e in FAILURES[id][2].values()))
