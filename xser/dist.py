@@ -235,14 +235,16 @@ def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[
         except Exception as e:
             if own is None:
                 own = e
-            out = ("error", e.message if isinstance(e, XserError) else describe(e))
+            # a RankFailure names the rank that failed: the others raise its text as it is; any other error is rank 0's
+            out = ("error", e.message if isinstance(e, RankFailure) else f"rank 0 failed while {what}: "
+                   + (e.message if isinstance(e, XserError) else describe(e)))
         c.broadcast(out, what)
     else:
         out = c.broadcast(None, what)
     if out[0] != "ok":
         if own is not None:
             raise own
-        raise RankFailure(out[1] if "rank " in out[1][:60] else f"rank 0 failed while {what}: {out[1]}")
+        raise RankFailure(out[1])
     if own is not None:  # cannot happen: a failed rank makes the round fail
         raise own
     return out[1]
