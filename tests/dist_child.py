@@ -65,13 +65,13 @@ def t_rows(step: int, ids: np.ndarray) -> np.ndarray:
     return ids.astype(np.float32)[:, None] * np.array([1, -1, 0.5, 2], np.float32) + step
 
 
-@xser.serializable
+@xser.serializable(tag="!DistHead")
 class Head:
     def __attrs_post_init__(self):
         self.v = xser.params(self).add("v", (2,))
 
 
-@xser.serializable
+@xser.serializable(tag="!DistMixed")
 class Mixed:
     rows: int = ROWS
     cols: int = COLS
@@ -88,7 +88,7 @@ class Mixed:
             self.head = Head()
 
 
-@xser.serializable
+@xser.serializable(tag="!DistOther")
 class Other(Mixed):
     pass
 

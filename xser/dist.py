@@ -57,6 +57,12 @@ class Coordinator(Protocol):
         """Rank 0 sends ``value``; every rank returns it."""
         ...
 
+    def claim(self, what: str) -> None:
+        """Rank 0, once every rank answered and before it makes a decision that cannot be undone (publishing): raise
+        ``RankFailure`` if a rank has given up waiting for it. A rank whose ``broadcast`` times out after the claim waits
+        once more. (Optional: ``round_`` skips it on a coordinator without it.)"""
+        ...
+
 
 class Local:
     """A world of one process: rank 0 of 1. Rounds cost nothing."""
@@ -70,6 +76,9 @@ class Local:
 
     def broadcast(self, value: Any, what: str) -> Any:
         return value
+
+    def claim(self, what: str) -> None:
+        pass
 
     def __repr__(self) -> str:
         return "xser.dist.Local()"
@@ -85,7 +94,9 @@ class TorchDistributed:
     context, so the ranks still alive could not be told which rank failed). ``timeout``: seconds one rank
     waits for another in one phase (default 60); rank 0 gives up on a silent rank after 0.8 of it, the others
     on a silent rank 0 after all of it. A phase lasts at most one rank's share of the writes: raise the timeout
-    for shares that take longer to write.
+    for shares that take longer to write. A rank that gives up on rank 0 says so in the store, and rank 0 then does
+    not publish (``claim``); a rank whose wait ends once rank 0 has begun to publish waits one more ``timeout``, and
+    if rank 0 dies meanwhile it raises saying that the checkpoint may or may not have been published.
     """
 
     _made: dict[tuple, int] = {}  # coordinators made in this process, per group: each gets its own key prefix
@@ -170,6 +181,16 @@ class TorchDistributed:
             raise self._unreachable(e, what) from None
         return [value] + [got[r] for r in range(1, self.world_size)]
 
+    def claim(self, what: str) -> None:
+        # one key per round, set by whoever comes first: rank 0 ("0") before it decides, or a rank that gave up on it
+        try:
+            first = self._store.compare_set(f"{self._seq + 1}/c", "", "0").decode()
+        except RuntimeError as e:
+            raise self._unreachable(e, what) from None
+        if first != "0":
+            raise RankFailure(f"rank {first} gave up waiting for rank 0 while {what}: rank 0 was slower than the timeout "
+                              f"({self.timeout:g} s)")
+
     def broadcast(self, value: Any, what: str) -> Any:
         self._seq += 1
         key = f"{self._seq}/b"
@@ -178,13 +199,26 @@ class TorchDistributed:
                 self._store.set(key, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
                 if self._seq > 2:  # the one before: every rank still there has read it
                     self._store.delete_key(f"{self._seq - 2}/b")
+                    self._store.delete_key(f"{self._seq - 2}/c")
             except RuntimeError as e:
                 raise self._unreachable(e, what) from None
             return value
         self._check()
         got = self._wait_for({0: key}, self.timeout, what)[0]
         if isinstance(got, tuple) and got[:1] == ("failed",):
-            raise RankFailure(got[1])
+            # rank 0 is silent: it commits only if no rank gave up on it first (claim); if it claimed, it is committing
+            try:
+                first = self._store.compare_set(f"{self._seq}/c", "", str(self.rank)).decode()
+            except RuntimeError as e:
+                raise self._unreachable(e, what) from None
+            if first != "0":
+                raise RankFailure(got[1])
+            self._broken = None
+            got = self._wait_for({0: key}, self.timeout, what)[0]
+            if isinstance(got, tuple) and got[:1] == ("failed",):
+                self._broken = "rank 0 did not finish deciding in time"
+                raise RankFailure(f"rank 0 began to commit while {what} and did not finish within {2 * self.timeout:g} s "
+                                  "(it died or hangs): the checkpoint may or may not have been published")
         return got
 
 
@@ -204,11 +238,16 @@ def describe(e: BaseException) -> str:
     return shown[:4000]
 
 
-def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[[list[Any]], T] | None = None) -> T | None:
+def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[[list[Any]], T] | None = None, *,
+           final: bool = False) -> T | None:
     """One round of a distributed step: every rank runs ``work()``; rank 0 runs ``decide(results)`` on the results in
     rank order and every rank returns its value. If ``work`` raised on a rank (that rank raises its own exception
     again), a rank failed or timed out, or ``decide`` raised (rank 0 raises it again): every other rank raises a
-    ``RankFailure`` naming the rank and ``what`` (the phase, such as "writing its blocks")."""
+    ``RankFailure`` naming the rank and ``what`` (the phase, such as "writing its blocks").
+
+    ``final``: ``decide`` cannot be undone (it publishes). Rank 0 first claims the decision (``claim``): if a rank has
+    already given up waiting for rank 0, nothing is decided and every rank raises; a rank whose wait ends after the
+    claim waits once more, so that all ranks return the decision, or all raise."""
     mine: Any
     own: BaseException | None = None  # this rank's own exception, raised again once the round is over
     try:
@@ -231,6 +270,8 @@ def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[
                 if len(bad) > 1:
                     text += f" (and rank {', '.join(str(r) for r, _ in bad[1:])})"
                 raise RankFailure(text)
+            if final and getattr(c, "claim", None) is not None:
+                c.claim(what)  # no way back from here: unless a rank already gave up on rank 0, it commits
             out = ("ok", decide([v[1] for v in results]) if decide is not None else None)
         except Exception as e:
             if own is None:

@@ -307,7 +307,7 @@ def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOpt
     try:
         decision = round_(c, "planning the save", lambda: _summary(snap, path), plan)
         round_(c, "writing its blocks", lambda: _write_part(c.rank, snap, decision, options), finish)
-        return round_(c, "publishing", lambda: _step("acknowledged"), publish)
+        return round_(c, "publishing", lambda: _step("acknowledged"), publish, final=True)
     finally:
         if prepared is not None:
             prepared.close()
