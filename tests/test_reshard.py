@@ -362,3 +362,28 @@ def test_gloo_loads(saved):
         f"CheckpointError: this checkpoint was saved by 2 processes (world size 2) and is loaded at world size 3: its per-rank "
         f"training state (RNG states, data positions) belongs to the ranks that saved it; load it at world size 2, or pass "
         f"rank_state=\"drop\" to start it afresh (the model itself loads at any world size)")} for r in range(3)], data
+
+
+@xser.serializable(tag="!FewRows")
+class FewRows:
+    """Fewer rows than ranks: some rank holds none."""
+
+    n: int = 2
+
+    def __attrs_post_init__(self):
+        self.W = xser.params(self).add("W", (self.n, 3), rows=xser.dist.rows(self.n))
+
+
+def test_a_rank_without_rows_saves_and_loads_nothing(tmp_path):
+    path = str(tmp_path / "m.yaml")
+
+    def saving(c):
+        m = FewRows()
+        first, stop = xser.dist.rows(2)
+        m.W[...] = np.arange(first, stop, dtype=np.float32)[:, None]
+        xser.save(m, path, coordinator=c)
+
+    run(3, saving)
+    loaded = run(3, lambda c: xser.load(path, coordinator=c).W)
+    assert [w.shape for w in loaded] == [(1, 3), (1, 3), (0, 3)]
+    assert [w[:, 0].tolist() for w in loaded] == [[0.0], [1.0], []]

@@ -94,6 +94,8 @@ class Store:
         fut = self.futures.pop((stored, name), None)
         if fut is not None and (held is None or (tuple(held) == (0, entry.shape[0]) and f"{stored}/{name}" not in self.rows)):
             return fut.result()  # prefetched (a load by one process: add(..., rows=) holds every row)
+        if held is not None and held[0] == held[1] and 0 <= held[0] <= entry.shape[0]:
+            return np.empty((0,) + tuple(entry.shape[1:]), entry.dtype)  # a rank that holds no rows reads nothing
         return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
 
     def migrate(self, stored: str, fn: Any, version: int, tag: str, where: Location | None) -> dict[str, np.ndarray]:
