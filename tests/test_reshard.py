@@ -144,12 +144,6 @@ class TestReshard:
         SLICE["size"] = size
         assert loads(saved[n], at) == [[]] * at
 
-    def test_a_rank_without_rows(self, tmp_path):
-        """2 rows saved by 2 ranks, loaded by 3: rank 2 holds no row of W (and reads none), the others one each."""
-        path = save(str(tmp_path / "m.yaml"), 2, make=lambda: Shard(rows=2))
-        got = run(3, lambda c: (lambda m: (m.W.shape, problems(m, c, 1)))(xser.load(path, coordinator=c)))
-        assert got == [((1, 3), []), ((1, 3), []), ((0, 3), [])]
-
     def test_a_plain_load_holds_everything(self, saved):
         for n in (2, 3):
             m = xser.load(saved[n])

@@ -92,8 +92,6 @@ class Store:
             raise self.mismatch(f"param {name!r}: dtype {dtype} in spec, {entry.dtype} on disk", here, where if self.edited else None)
         self.used.setdefault(stored, set()).add(name)
         fut = self.futures.pop((stored, name), None)
-        if held is not None and held[0] == held[1]:  # a rank of a job larger than the rows: it holds none
-            return np.empty((0,) + tuple(entry.shape[1:]), entry.dtype)
         if fut is not None and (held is None or (tuple(held) == (0, entry.shape[0]) and f"{stored}/{name}" not in self.rows)):
             return fut.result()  # prefetched (a load by one process: add(..., rows=) holds every row)
         if held is not None and held[0] == held[1] and 0 <= held[0] <= entry.shape[0]:
