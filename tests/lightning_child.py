@@ -1,6 +1,6 @@
-"""One rank of tests/test_lightning.py's Trainer test, run under torchrun with 2 processes (DDP over gloo on the CPU).
+"""One rank of tests/test_lightning.py's Trainer tests, run under torchrun with 2 processes (DDP over gloo on the CPU).
 
-For each of ``sync`` (``XserCheckpointIO``) and ``async`` (``AsyncCheckpointIO(XserCheckpointIO())``): the README
+First, for each of ``sync`` (``XserCheckpointIO``) and ``async`` (``AsyncCheckpointIO(XserCheckpointIO())``): the README
 example's first fit (4 steps, checkpoints every 2, ``save_last=True``), then a second fit from ``ckpt_path="last"``
 to step 8. Each rank writes what it saw to ``<out>/<mode>-rank<r>.json``: the plugin's save calls on this rank, the
 step the second fit started at, whether the weights and the optimizer state it started from equal those the first
@@ -14,33 +14,31 @@ from __future__ import annotations
 import copy
 import json
 import os
+import runpy
 import sys
 
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path.insert(0, EXAMPLES)
 
 from lightning_ddp import Regressor, data, trainer  # noqa: E402
 
 from xser.lightning import XserCheckpointIO  # noqa: E402
 
-SAVES = []
-_save = XserCheckpointIO.save_checkpoint
-
-
-def counted(self, checkpoint, path, storage_options=None):
-    SAVES.append(os.path.basename(str(path)))
-    return _save(self, checkpoint, path, storage_options)
-
-
-XserCheckpointIO.save_checkpoint = counted
+SAVES: list[str] = []  # the paths this rank's plugin was asked to save (main() counts them)
 
 
 def difference(a, b, where: str = "") -> str | None:
-    """Where nested dicts, lists and tensors first differ (tensors: dtype, shape, values bit for bit); None if nowhere."""
+    """Where nested dicts, lists, tuples, tensors and arrays first differ (tensors and arrays: dtype, shape, values bit for
+    bit; NaN equals NaN); None if nowhere."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        return None if same else f"{where}: {a!r} != {b!r}"
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        same = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
         return None if same else f"{where}: {a!r} != {b!r}"
     if isinstance(a, dict) and isinstance(b, dict):
         if list(a) != list(b):
@@ -48,6 +46,8 @@ def difference(a, b, where: str = "") -> str | None:
         return next((d for k in a if (d := difference(a[k], b[k], f"{where}[{k!r}]")) is not None), None)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b) and len(a) == len(b):
         return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := difference(x, y, f"{where}[{i}]")) is not None), None)
+    if type(a) is float and type(b) is float and a != a and b != b:
+        return None  # NaN
     return None if type(a) is type(b) and a == b else f"{where}: {a!r} != {b!r}"
 
 
@@ -98,6 +98,22 @@ def run(out: str, mode: str) -> None:
         json.dump(report, f)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    save = XserCheckpointIO.save_checkpoint
+
+    def counted(self, checkpoint, path, storage_options=None):
+        SAVES.append(os.path.basename(str(path)))
+        return save(self, checkpoint, path, storage_options)
+
+    XserCheckpointIO.save_checkpoint = counted
+    out = sys.argv[1]
     for mode in ("sync", "async"):
-        run(sys.argv[1], mode)
+        run(out, mode)
+    XserCheckpointIO.save_checkpoint = save
+    example = os.path.join(EXAMPLES, "lightning_ddp.py")
+    sys.argv = [example, os.path.join(out, "example")]
+    runpy.run_path(example, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

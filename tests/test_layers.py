@@ -24,6 +24,7 @@ LAYERS = [
     ("tools", 6, ("xser.tools",)),
     ("interop", 6, ("xser.interop",)),
     ("torch", 6, ("xser.torch",)),
+    ("lightning", 6.2, ("xser.lightning",)),  # builds on xser.torch: above it, below the package
     ("cli", 7, ("xser.cli", "xser._cli_options", "xser.demo", "xser.__main__")),
 ]
 

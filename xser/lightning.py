@@ -95,23 +95,21 @@ def _shape(v: Any, key: str) -> tuple[int, ...]:
 
 
 def _tree(tensors: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    """Plain modules holding ``tensors`` as buffers at their dotted keys (``l.weight``: buffer ``weight`` of child ``l``)."""
+    """Plain modules holding ``tensors`` as buffers at their dotted keys (``l.weight``: buffer ``weight`` of child ``l``),
+    so that ``state_dict()`` gives exactly these keys. Entered in the modules' tables directly, not as attributes: any
+    key works (``half``, ``to``, a tensor ``a`` beside ``a.b``), as ``state_dict()`` reads only those tables."""
     root = torch.nn.Module()
     for key, t in tensors.items():
+        if not key or "/" in key or "@" in key:
+            raise DataError(f"checkpoint['state_dict'][{key!r}]: an xser parameter name is not empty and holds no '/' or '@'")
         *path, leaf = key.split(".")
         m = root
-        try:
-            for part in path:
-                child = m._modules.get(part)
-                if child is None:
-                    child = torch.nn.Module()
-                    m.add_module(part, child)
-                m = child
-            m.register_buffer(leaf, t)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            reason = e.args[0] if e.args else e
-            raise DataError(f"checkpoint['state_dict'][{key!r}]: cannot be a key of a module's state_dict: {reason} (another "
-                            "key is a prefix of it, or it of another, or a part of it is empty)") from None
+        for part in path:
+            child = m._modules.get(part)
+            if child is None:
+                child = m._modules[part] = torch.nn.Module()
+            m = child
+        m._buffers[leaf] = t
     return root
 
 
@@ -309,8 +307,8 @@ _LOCKS_LOCK = threading.Lock()
 
 
 def _path_lock(path: str) -> threading.Lock:
-    """One lock per path in this process: a removal waits for a save of the same path on ``AsyncCheckpointIO``'s thread
-    (the model lock would refuse it instead)."""
+    """One lock per path in this process: a removal or a load of a path that ``AsyncCheckpointIO``'s thread is saving
+    waits for that save (rather than finding nothing there yet, or meeting the model's lock)."""
     key = path if is_url(path) else os.path.abspath(path)
     with _LOCKS_LOCK:
         return _LOCKS.setdefault(key, threading.Lock())
