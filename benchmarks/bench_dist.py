@@ -377,7 +377,7 @@ def machine_header() -> str:
             f"load average {os.getloadavg()[0]:.1f}")
 
 
-def run_layout(args, n: int, root: str, sides: list[str]) -> dict:
+def run_layout(args, n: int, root: str, sides: list[str], cells: list[str]) -> dict:
     per_rank = args.mib * (1 << 20)
     rows_per_rank = max(1, per_rank // (n * COLS * 4))
     rows = 2 * rows_per_rank
@@ -386,36 +386,42 @@ def run_layout(args, n: int, root: str, sides: list[str]) -> dict:
     def rec(key, value):
         res.setdefault(key, []).append(value)
 
+    def cell(side, op, path, world, **extra):
+        base = dict(side=side, n=n, rows=rows, cols=COLS, timeout=args.timeout, scratch=path + "-warm",
+                    path=path if side == "dcp" else os.path.join(path, "m.yaml"), op=op, **extra)
+        os.sync()
+        t = time.perf_counter()
+        outs = launch(base, world, args.timeout + 120)
+        shown = {k: round(max(o[k] for o in outs), 4) for k in outs[0] if k != "rank"}
+        print(f"#     {side} {op}: {shown} ({time.perf_counter() - t:.0f} s with startup)", flush=True)
+        shutil.rmtree(path + "-warm", ignore_errors=True)
+        return outs
+
     for rep in range(args.repeats):
         order = sides if rep % 2 == 0 else sides[::-1]
-        for side in order:
-            path = os.path.join(root, f"{side}-{n}-{rep}")
-            base = dict(side=side, n=n, rows=rows, cols=COLS, timeout=args.timeout, scratch=path + "-warm",
-                        path=path if side == "dcp" else os.path.join(path, "m.yaml"))
-            os.sync()
-            outs = launch(dict(base, op="save"), 2, args.timeout)
-            rec((side, "state_bytes"), max(o["state_bytes"] for o in outs))
-            rec((side, "save_s"), max(o["save_s"] for o in outs))
-            rec((side, "save_rss"), max(o["save_rss"] / o["state_bytes"] for o in outs))
-            rec((side, "load_s"), max(o["load_s"] for o in outs))
-            os.sync()
-            outs = launch(dict(base, op="reshard", warm_bytes=per_rank), 3, args.timeout)
-            rec((side, "reshard_s"), max(o["load_s"] for o in outs))
-            rec((side, "reshard_read"), max(o["rchar"] / o["owned"] for o in outs if o["owned"]))
-            rec((side, "reshard_ranks"), [(o["rchar"], o["owned"]) for o in outs])
-            for d in (path, path + "-warm"):
-                shutil.rmtree(d, ignore_errors=True)
-        for side in order[::-1]:
-            path = os.path.join(root, f"{side}-{n}-{rep}-async")
-            base = dict(side=side, n=n, rows=rows, cols=COLS, timeout=args.timeout, scratch=path + "-warm",
-                        path=path if side == "dcp" else os.path.join(path, "m.yaml"))
-            os.sync()
-            outs = launch(dict(base, op="async"), 2, args.timeout)
-            rec((side, "block_s"), max(o["block_s"] for o in outs))
-            rec((side, "commit_s"), max(o["commit_s"] for o in outs))
-            rec((side, "async_rss"), max(o["async_rss"] / o["state_bytes"] for o in outs))
-            for d in (path, path + "-warm"):
-                shutil.rmtree(d, ignore_errors=True)
+        if "save" in cells or "reshard" in cells:
+            for side in order:
+                path = os.path.join(root, f"{side}-{n}-{rep}")
+                outs = cell(side, "save", path, 2)
+                rec((side, "state_bytes"), max(o["state_bytes"] for o in outs))
+                rec((side, "save_s"), max(o["save_s"] for o in outs))
+                rec((side, "save_rss"), max(o["save_rss"] / o["state_bytes"] for o in outs))
+                rec((side, "load_s"), max(o["load_s"] for o in outs))
+                if "reshard" in cells:
+                    outs = cell(side, "reshard", path, 3, warm_bytes=per_rank)
+                    rec((side, "reshard_s"), max(o["load_s"] for o in outs))
+                    rec((side, "reshard_read"), max(o["rchar"] / o["owned"] for o in outs if o["owned"]))
+                    rec((side, "reshard_ranks"), [(o["rchar"], o["owned"]) for o in outs])
+                shutil.rmtree(path, ignore_errors=True)
+        if "async" in cells:
+            for side in order[::-1]:
+                path = os.path.join(root, f"{side}-{n}-{rep}-async")
+                outs = cell(side, "async", path, 2)
+                rec((side, "state_bytes"), max(o["state_bytes"] for o in outs))
+                rec((side, "block_s"), max(o["block_s"] for o in outs))
+                rec((side, "commit_s"), max(o["commit_s"] for o in outs))
+                rec((side, "async_rss"), max(o["async_rss"] / o["state_bytes"] for o in outs))
+                shutil.rmtree(path, ignore_errors=True)
         print(f"#   {n} arrays, repeat {rep + 1}/{args.repeats} done", flush=True)
     return res
 
@@ -436,31 +442,33 @@ def report(n: int, rows: int, res: dict, sides: list[str]) -> None:
              ("resharded load 2 -> 3, s", "reshard_s", "{:.3f}"),
              ("resharded load 2 -> 3: bytes read / bytes owned (worst rank)", "reshard_read", "{:.3f}")]
     for label, key, fmt in rows_:
-        print(f"| {label} | " + " | ".join(fmt.format(med[(s, key)]) for s in sides) + " |")
+        if all((s, key) in med for s in sides):
+            print(f"| {label} | " + " | ".join(fmt.format(med[(s, key)]) for s in sides) + " |")
     for s in sides:
-        per = ", ".join(f"rank {i}: {rc / 2**20:.1f} of {ow / 2**20:.1f} MiB" for i, (rc, ow) in enumerate(med[(s, "reshard_ranks")]))
-        print(f"\n{names[s]} resharded read: {per}")
+        if (s, "reshard_ranks") in med:
+            per = ", ".join(f"rank {i}: {rc / 2**20:.1f} of {ow / 2**20:.1f} MiB"
+                            for i, (rc, ow) in enumerate(med[(s, "reshard_ranks")]))
+            print(f"\n{names[s]} resharded load, bytes read of bytes owned (last repeat): {per}")
     if "xser" not in sides:
         return
-    x = lambda k: med[("xser", k)]  # noqa: E731
     print("\n| ratio | value | target | met |")
     print("|---|---|---|---|")
 
-    def line(label, value, target):
+    def line(label, a, b, target):
+        if a not in med or (b is not None and b not in med):
+            return
+        value = med[a] / (med[b] if b else 1.0)
         print(f"| {label} | {value:.3f} | <= {target} | {'met' if value <= target else '**MISSED**'} |")
 
-    if "dcp" in sides:
-        d = lambda k: med[("dcp", k)]  # noqa: E731
-        line("durable save: xser / dcp.save", x("save_s") / d("save_s"), 1.0)
-    line("save(blocking=False) blocked / xser blocking save", x("block_s") / x("save_s"), 0.25)
-    if "dcp" in sides:
-        line("save(blocking=False) blocked / dcp.async_save blocked", x("block_s") / d("block_s"), 0.5)
-        line("async time to durable commit: xser / dcp.async_save", x("commit_s") / d("commit_s"), 1.0)
-    line("peak RSS over baseline / state, blocking save", x("save_rss"), 1.1)
-    line("peak RSS over baseline / state, async save", x("async_rss"), 1.1)
-    if "dcp" in sides:
-        line("load, same world size: xser / dcp.load", x("load_s") / d("load_s"), 1.0)
-    line("resharded 2 -> 3: bytes read / bytes owned, worst rank", x("reshard_read"), 1.05)
+    X, D = "xser", "dcp"
+    line("durable save: xser / dcp.save", (X, "save_s"), (D, "save_s"), 1.0)
+    line("save(blocking=False) blocked / xser blocking save", (X, "block_s"), (X, "save_s"), 0.25)
+    line("save(blocking=False) blocked / dcp.async_save blocked", (X, "block_s"), (D, "block_s"), 0.5)
+    line("async time to durable commit: xser / dcp.async_save", (X, "commit_s"), (D, "commit_s"), 1.0)
+    line("peak RSS over baseline / state, blocking save", (X, "save_rss"), None, 1.1)
+    line("peak RSS over baseline / state, async save", (X, "async_rss"), None, 1.1)
+    line("load, same world size: xser / dcp.load", (X, "load_s"), (D, "load_s"), 1.0)
+    line("resharded 2 -> 3: bytes read / bytes owned, worst rank", (X, "reshard_read"), None, 1.05)
 
 
 def main(argv=None):
@@ -469,6 +477,7 @@ def main(argv=None):
     ap.add_argument("--arrays", default="32,2048", help="numbers of global arrays, comma-separated")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", choices=["dcp", "xser"], default=None)
+    ap.add_argument("--cells", default="save,reshard,async", help="which cells (save,reshard,async; reshard needs save)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell (and the ranks' collectives)")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints go (default /tmp)")
     ap.add_argument("--rank-cfg", default=None, help=argparse.SUPPRESS)
@@ -489,7 +498,7 @@ def main(argv=None):
     try:
         results = []
         for n in [int(x) for x in args.arrays.split(",")]:
-            res = run_layout(args, n, root, sides)
+            res = run_layout(args, n, root, sides, args.cells.split(","))
             results.append((n, 2 * max(1, args.mib * (1 << 20) // (n * COLS * 4)), res))
         for n, rows, res in results:
             report(n, rows, res, sides)
