@@ -346,7 +346,12 @@ def launch(cfg: dict, world: int, timeout: float) -> list[dict]:
     procs = []
     for r in range(world):
         c = dict(cfg, rank=r, world=world, port=port)
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank-cfg", json.dumps(c)],
+        cmd = [sys.executable, os.path.abspath(__file__), "--rank-cfg", json.dumps(c)]
+        if cfg.get("profile"):  # py-spy's collapsed stacks of each rank, for a look at where the time goes
+            out = os.path.join(cfg["profile"], f"{cfg['side']}-{cfg['op']}-{cfg['n']}-rank{r}.txt")
+            cmd = [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--format", "raw", "--rate", "200",
+                   "--threads", "--nonblocking", "-o", out, "--"] + cmd
+        procs.append(subprocess.Popen(cmd,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=HERE))
     deadline = time.monotonic() + timeout
     outs, failed = [], []
@@ -362,7 +367,7 @@ def launch(cfg: dict, world: int, timeout: float) -> list[dict]:
         if p.returncode != 0:
             failed.append(f"rank {r}: exit {p.returncode}\n{se[-3000:]}")
         else:
-            outs.append(json.loads(so.strip().splitlines()[-1]))
+            outs.append(json.loads([ln for ln in so.splitlines() if ln.startswith("{")][-1]))
     if failed:
         raise RuntimeError(f"cell {cfg['side']} {cfg['op']} failed:\n" + "\n".join(failed))
     return outs
@@ -388,7 +393,7 @@ def run_layout(args, n: int, root: str, sides: list[str], cells: list[str]) -> d
 
     def cell(side, op, path, world, **extra):
         base = dict(side=side, n=n, rows=rows, cols=COLS, timeout=args.timeout, scratch=path + "-warm",
-                    path=path if side == "dcp" else os.path.join(path, "m.yaml"), op=op, **extra)
+                    path=path if side == "dcp" else os.path.join(path, "m.yaml"), op=op, profile=args.profile, **extra)
         os.sync()
         t = time.perf_counter()
         outs = launch(base, world, args.timeout + 120)
@@ -480,6 +485,7 @@ def main(argv=None):
     ap.add_argument("--cells", default="save,reshard,async", help="which cells (save,reshard,async; reshard needs save)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell (and the ranks' collectives)")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints go (default /tmp)")
+    ap.add_argument("--profile", default=None, help="a directory: py-spy records each rank there (collapsed stacks)")
     ap.add_argument("--rank-cfg", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank_cfg:
