@@ -29,8 +29,8 @@ Cells, per layout and repeat:
   against the bytes the rank owns.
 
 Times are the slowest rank's (the call returns on every rank only when the collective step is done).
-Peak RSS is ``VmHWM`` after ``clear_refs`` (5), minus the rank's ``VmRSS`` right after it, with the
-state allocated and one small warm-up save of each kind already done (lazy imports and first-call
+Peak RSS is ``VmHWM`` after ``malloc_trim(0)`` and ``clear_refs`` (5), minus the rank's ``VmRSS`` right after them, with the
+state allocated and one small warm-up save and load of the kind the cell times already done (lazy imports and first-call
 costs are not timed).
 
     python benchmarks/bench_dist.py [--mib 512] [--arrays 32,2048] [--repeats 1] [--only dcp|xser] [--dir /tmp]
@@ -40,6 +40,7 @@ costs are not timed).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -80,7 +81,10 @@ def hwm() -> int:
 
 
 def reset_hwm() -> int:
-    """Reset the peak RSS to the current RSS; return the current RSS (the baseline)."""
+    """Give freed heap memory back (so that a step cannot reuse it unseen), reset the peak RSS to the current
+    RSS, and return the current RSS (the baseline)."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return rss()
