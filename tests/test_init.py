@@ -10,7 +10,7 @@ def test_public_names():
 
     public = {n for n in dir(xser) if not n.startswith("_")}
     assert public - set(xser.__all__) <= {
-        "api", "checkpoints", "errors", "interop", "model", "spec", "storage", "tools", "cli", "demo", "torch", "lightning",
+        "api", "checkpoints", "errors", "interop", "model", "spec", "storage", "tools", "cli", "demo", "torch", "lightning", "dist",
     }
     assert sorted(xser.__all__, key=str.lower) == sorted([
         "Best", "Checkpoint", "CheckpointError", "CheckpointReader", "CheckpointSaver", "DataError", "Ensemble", "Experiment", "ExperimentSpec", "HashTable",
