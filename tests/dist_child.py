@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,7 +44,7 @@ import xser.dist  # noqa: E402
 
 ROWS, COLS, BUCKETS, IDS = 11, 3, 12, 40
 
-#: per-rank changes to the model a refusal test makes (set by the case before the model is built)
+#: the rows (``held``) and id buckets (``slice``) a rank declares instead of its share (refusal tests)
 OVERRIDE: dict = {}
 
 
@@ -55,9 +56,9 @@ def every_id() -> np.ndarray:
     return np.concatenate([np.arange(0, IDS * 7, 7), -np.arange(1, 20, 3)]).astype(np.int64)
 
 
-def table_ids(c, buckets: int = BUCKETS) -> np.ndarray:
+def table_ids(c, buckets: int = BUCKETS, buckets_held: tuple | None = None) -> np.ndarray:
     """The ids this rank holds: those of its id slice among 0..IDS*7 step 7, and some negative ones."""
-    sl = xser.IdSlice(*xser.dist.rows(buckets, c), buckets)
+    sl = xser.IdSlice(*(buckets_held or xser.dist.rows(buckets, c)), buckets)
     return np.sort(every_id()[sl.mask(every_id())])
 
 
@@ -76,6 +77,7 @@ class Mixed:
     rows: int = ROWS
     cols: int = COLS
     buckets: int = BUCKETS
+    head: Any = None  # a child component (Head) on a rank whose model differs
 
     def __attrs_post_init__(self):
         p = xser.params(self)
@@ -84,8 +86,6 @@ class Mixed:
         self.b = p.add("b", (self.cols,))
         sl = OVERRIDE.get("slice")
         self.emb = p.add_table("emb", 4, slots=("m",), slice=xser.IdSlice(*(sl or xser.dist.rows(self.buckets)), self.buckets))
-        if OVERRIDE.get("extra"):
-            self.head = Head()
 
 
 @xser.serializable(tag="!DistOther")
@@ -94,10 +94,10 @@ class Other(Mixed):
 
 
 def fill(m: Mixed, c, step: int, rows: int = ROWS, buckets: int = BUCKETS, b_delta: float = 0.0) -> None:
-    a, b = xser.dist.rows(rows, c)
+    a, b = OVERRIDE.get("held") or xser.dist.rows(rows, c)
     m.W[...] = w_rows(step, a, b)
     m.b[...] = np.arange(COLS, dtype=np.float32) + step + b_delta
-    ids = table_ids(c, buckets)
+    ids = table_ids(c, buckets, OVERRIDE.get("slice"))
     m.emb.get(ids, insert=True)
     m.emb.set(ids, t_rows(step, ids))
     m.emb.set(ids, -t_rows(step, ids), slot="m")
@@ -164,7 +164,7 @@ def leave(rank: int, world: int) -> None:
     try:
         s = dist.distributed_c10d._get_default_store()
         s.set(f"dist_child/left/{rank}", "1")
-        s.wait([f"dist_child/left/{r}" for r in range(world) if r != rank], datetime.timedelta(seconds=5))
+        s.wait([f"dist_child/left/{r}" for r in range(world) if r != rank], datetime.timedelta(seconds=3))
     except Exception:  # noqa: BLE001 - a rank that died or hangs, or the store gone: leave anyway
         pass
 
@@ -231,49 +231,57 @@ def arm_fault(fault: dict | None, rank: int, out: dict) -> None:
 
 
 def scenario_save(c, rank: int, path: str, args: dict, out: dict) -> None:
-    """Save ``args["steps"]`` (default [1]) in turn, with a CheckpointSaver (``api`` "saver", the default) or
-    ``xser.save`` ("xsave"); the fault, if any, on the last. ``resume``: first load the newest checkpoint (its
-    values checked against step ``resume``). ``ranks``: per-rank changes (``held``, ``slice``, ``extra``: see
-    OVERRIDE; ``cls`` "Other"; ``b``: added to the replicated b; ``step``: added to the step; ``path``)."""
+    """Save ``args["steps"]`` (default [1]) in turn; the fault, if any, on the last. ``api``: "saver" (the default) a
+    CheckpointSaver; "xsave" ``xser.save``; "async" ``saver.save(blocking=False)``, every array of the model changed in
+    place as soon as it returns, then ``.result()``; "async-close" the same without ``.result()`` (the end of the
+    ``with`` block waits). ``resume``: first load the newest checkpoint (its values checked against step ``resume``).
+    ``ranks``: per-rank changes (``held``, ``slice``: see OVERRIDE; ``extra``: a child component; ``cls`` "Other";
+    ``b``: added to the replicated b; ``step``: added to the step; ``path``). ``seconds``: how long the last save took
+    to return or raise (to close the saver, with "async-close")."""
     rows, buckets = args.get("rows", ROWS), args.get("buckets", BUCKETS)
     mine = args.get("ranks", {}).get(str(rank), {})
     OVERRIDE.clear()
-    OVERRIDE.update({k: v for k, v in mine.items() if k in ("held", "slice", "extra")})
+    OVERRIDE.update({k: v for k, v in mine.items() if k in ("held", "slice")})
     path = mine.get("path", path)
     if args.get("resume") is not None:
         m = xser.load(path, coordinator=c)
         out["problems"] = check(m, c, args["resume"], rows, buckets)
     else:
         with xser.dist.using(c):
-            m = (Other if mine.get("cls") == "Other" else Mixed)(rows, COLS, buckets)
-    steps = args.get("steps", [1])
+            m = (Other if mine.get("cls") == "Other" else Mixed)(rows, COLS, buckets, Head() if mine.get("extra") else None)
+    steps, api, state = args.get("steps", [1]), args.get("api", "saver"), args.get("state", True)
     out["reports"] = []
+    t0 = [0.0]
 
     def one(save, step: int, last: bool) -> None:
         fill(m, c, step, rows, buckets, mine.get("b", 0.0))
         step += mine.get("step", 0)
         if last:
             arm_fault(args.get("fault"), rank, out)
-        t0 = time.monotonic()
-        try:
-            report = save(step)
-        finally:
-            if last:
-                out["seconds"] = round(time.monotonic() - t0, 3)
+            t0[0] = time.monotonic()
+        report = save(step)
+        if api.startswith("async"):
+            fill(m, c, step + 500, rows, buckets)  # changed in place at once: none of it may reach the checkpoint
+            report = report.result() if api == "async" else None
+        if last:
+            out["seconds"] = round(time.monotonic() - t0[0], 3)
         out["reports"].append([report.written, list(report.removed_steps)] if report is not None else None)
 
-    state = args.get("state", True)
-    if args.get("api", "saver") == "xsave":
-        for i, step in enumerate(steps):
-            one(lambda s: xser.save(m, path, training={"rank": rank, "step": s}, threads=args.get("threads", 2),
-                                    coordinator=c), step, i == len(steps) - 1)
-        return
-    with xser.CheckpointSaver(path, keep=args.get("keep", 2), restart=args.get("restart", False),
-                              threads=args.get("threads", 2), coordinator=c) as saver:
-        for i, step in enumerate(steps):
-            one(lambda s: saver.save(m, step=s, training={"rank": rank, "step": s},
-                                     training_state={"rng": np.full(3, rank * 100 + s, np.int64)} if state else None),
-                step, i == len(steps) - 1)
+    try:
+        if api == "xsave":
+            for i, step in enumerate(steps):
+                one(lambda s: xser.save(m, path, training={"rank": rank, "step": s}, threads=args.get("threads", 2),
+                                        coordinator=c), step, i == len(steps) - 1)
+            return
+        with xser.CheckpointSaver(path, keep=args.get("keep", 2), restart=args.get("restart", False),
+                                  threads=args.get("threads", 2), coordinator=c) as saver:
+            for i, step in enumerate(steps):
+                one(lambda s: saver.save(m, step=s, training={"rank": rank, "step": s}, blocking=not api.startswith("async"),
+                                         training_state={"rng": np.full(3, rank * 100 + s, np.int64)} if state else None),
+                    step, i == len(steps) - 1)
+    finally:
+        if t0[0] and "seconds" not in out:
+            out["seconds"] = round(time.monotonic() - t0[0], 3)
 
 
 def scenario_load(c, rank: int, path: str, args: dict, out: dict) -> None:
@@ -283,6 +291,9 @@ def scenario_load(c, rank: int, path: str, args: dict, out: dict) -> None:
     out["problems"] = check(m, c, step, args.get("rows", ROWS), args.get("buckets", BUCKETS))
     out["step"] = step
     out["shapes"] = [list(m.W.shape), int(m.emb.ids.size)]
+    if args.get("state"):  # this rank's own training state, None at another world size (rank_state="drop")
+        state = xser.load_training_state(path, coordinator=c, rank_state="drop")
+        out["state"] = None if state is None else state["rng"].tolist()
 
 
 SCENARIOS = {"save": scenario_save, "load": scenario_load}
@@ -320,12 +331,20 @@ def serve(rank: int) -> None:
     import crash_child  # noqa: F401 - the same, for kills at a filesystem call
 
     print(json.dumps({"ready": rank}), flush=True)
+    hosts: list[int] = []  # the stores of the last phase's jobs: they serve until every rank's phase is over
+
+    def stop_hosts() -> None:
+        for pid in hosts:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        hosts.clear()
+
     for line in sys.stdin:
+        stop_hosts()  # every rank is done with the last phase: the test sent the next one
         phase = json.loads(line)
         results: dict = {}
         with tempfile.TemporaryDirectory(prefix=f"xser-dist-{rank}-") as tmp:
             kids: dict[int, dict] = {}
-            hosts: list[int] = []
             for case in phase["cases"]:
                 if rank == 0 and case.get("store") == "launcher" and case["world"] > 0:
                     pid = os.fork()
@@ -350,8 +369,9 @@ def serve(rank: int) -> None:
                     time.sleep(0.01)
                     continue
                 case = kids.pop(pid, None)
-                if case is None:
-                    continue  # a store host
+                if case is None:  # a store host that ended (it could not serve): nothing to stop later
+                    hosts.remove(pid)
+                    continue
                 file = os.path.join(tmp, f"{case['id']}.json")
                 if os.path.exists(file):
                     with open(file) as f:
@@ -365,12 +385,10 @@ def serve(rank: int) -> None:
                 elif os.WEXITSTATUS(status) != 0:
                     got["ended"] = f"exit status {os.WEXITSTATUS(status)}"
                 results[case["id"]] = got
-            for pid in hosts:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
         for got in results.values():
             print(json.dumps(got), flush=True)
         print(json.dumps({"done": phase["phase"]}), flush=True)
+    stop_hosts()
 
 
 def _child(fn) -> None:
