@@ -22,7 +22,8 @@ Faults (``args["fault"]``, on the last save of a ``save``/``xsave`` scenario, on
 ("planned", "written", "finished", "acknowledged", "publishing"; "start": before the save is called);
 ``{"kind": "kill", "call": K}`` just before its K-th filesystem-changing call between "planned" and "written"
 (its block writes; ``crash_child.arm``), and reports ``calls`` when the writes made fewer;
-``{"kind": "raise", "at": STEP, "unpicklable": bool}``; ``{"kind": "sleep", "at": STEP, "seconds": S}``.
+``{"kind": "raise", "at": STEP, "unpicklable": bool}``; ``{"kind": "sleep", "at": STEP, "seconds": S}``;
+``{"kind": "bad-training"}``: a training dict that is not JSON data (the save's snapshot raises).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ ROWS, COLS, BUCKETS, IDS = 11, 3, 12, 40
 
 #: the rows (``held``) and id buckets (``slice``) a rank declares instead of its share (refusal tests)
 OVERRIDE: dict = {}
+#: what a rank adds to its training dict (a fault puts something there that is not JSON data)
+TRAINING: dict = {}
 
 
 def w_rows(step: int, a: int, b: int) -> np.ndarray:
@@ -188,6 +191,9 @@ def arm_fault(fault: dict | None, rank: int, out: dict) -> None:
     if not fault or fault.get("rank") != rank:
         return
     kind, at = fault["kind"], fault.get("at")
+    if kind == "bad-training":
+        TRAINING["bad"] = {1, 2}  # not JSON data: the snapshot of the save refuses it
+        return
     if kind == "kill" and "call" in fault:
         import crash_child
 
@@ -270,13 +276,13 @@ def scenario_save(c, rank: int, path: str, args: dict, out: dict) -> None:
     try:
         if api == "xsave":
             for i, step in enumerate(steps):
-                one(lambda s: xser.save(m, path, training={"rank": rank, "step": s}, threads=args.get("threads", 2),
+                one(lambda s: xser.save(m, path, training={"rank": rank, "step": s, **TRAINING}, threads=args.get("threads", 2),
                                         coordinator=c), step, i == len(steps) - 1)
             return
         with xser.CheckpointSaver(path, keep=args.get("keep", 2), restart=args.get("restart", False),
                                   threads=args.get("threads", 2), coordinator=c) as saver:
             for i, step in enumerate(steps):
-                one(lambda s: saver.save(m, step=s, training={"rank": rank, "step": s}, blocking=not api.startswith("async"),
+                one(lambda s: saver.save(m, step=s, training={"rank": rank, "step": s, **TRAINING}, blocking=not api.startswith("async"),
                                          training_state={"rng": np.full(3, rank * 100 + s, np.int64)} if state else None),
                     step, i == len(steps) - 1)
     finally:

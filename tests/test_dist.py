@@ -309,6 +309,9 @@ UNKNOWN = (f"RankFailure: rank 0 began to commit while publishing and did not fi
            "hangs): the checkpoint may or may not have been published")
 
 
+NOT_JSON = "training must be JSON data (dicts, lists, str, numbers, bool, None): Object of type set is not JSON serializable"
+
+
 def late(rank: int, phase: str) -> str:
     return f"RankFailure: rank {rank} did not answer within {G if rank else W} s while {phase} {LATE}"
 
@@ -357,6 +360,10 @@ FAILURES = {
     "unpicklable0-deciding": (2, {"rank": 0, "kind": "raise", "at": "finished", "unpicklable": True},
                               {0: "Unpicklable: boom on rank 0",
                                1: "RankFailure: rank 0 failed while writing its blocks: Unpicklable: boom on rank 0"}, {}),
+    # a rank whose save fails before the first round (its snapshot refuses the training dict)
+    "bad-training1": (2, {"rank": 1, "kind": "bad-training"},
+                      {0: f"RankFailure: rank 1 failed while planning the save: DataError: {NOT_JSON}",
+                       1: f"DataError: {NOT_JSON}"}, {}),
     # a rank with no blocks (3 ranks over W with 2 rows and 2 buckets: rank 2 holds no rows and an empty id slice)
     "kill2-no-blocks": (3, {"rank": 2, "kind": "kill", "at": "written"},
                         {0: late(2, "writing its blocks"), 1: late(2, "writing its blocks")}, {"small": True}),
@@ -419,7 +426,13 @@ def _matches(expected: str | None, got: dict) -> bool:
     return got["error"] == expected
 
 
-@pytest.mark.parametrize("id", list(FAILURES))
+#: what fails for a known reason (the id: why)
+KNOWN = {"bad-training1": "CheckpointSaver.save takes the snapshot before the first round: a rank whose snapshot raises "
+                          "never joins it, and the others wait for the timeout and say it did not answer"}
+
+
+@pytest.mark.parametrize("id", [pytest.param(id, marks=pytest.mark.xfail(strict=True, reason=KNOWN[id])) if id in KNOWN else id
+                                for id in FAILURES])
 def test_failed_rank_publishes_nothing(failures, id):
     """Nothing is published: every checkpoint loads as before, bit for bit; every surviving rank raises within the timeout,
     naming the failed rank and the phase; the failed rank is gone (killed), raised, or slept through it. Rank 0, if it
@@ -566,6 +579,7 @@ def kill_campaign(pool, root, world: int, store: str, sample: str) -> list[str]:
     for res in made.values():
         oks(res)
     calls = {r: made[f"probe{r}"][r]["calls"] for r in range(world)}
+    assert all(n >= 5 for n in calls.values()), calls  # each rank's writes: opens, writes, fsyncs, renames of its files
     faults = []
     for r in range(world):
         faults += [{"rank": r, "kind": "kill", "at": s} for s in STEPS[min(r, 1)]]
