@@ -39,7 +39,7 @@ from ..storage.write import write
 from .common import SaveOptions, SaveReport
 from .snapshot import Snapshot, growing
 
-__all__ = ["HOOK", "save_distributed"]
+__all__ = ["HOOK", "refused", "save_distributed"]
 
 #: tests: called on every rank with the name of each step ("planned", "written", "finished", "acknowledged",
 #: "publishing") so that a test can kill a rank there
@@ -265,6 +265,16 @@ def _merge(decision: dict, parts: list[dict]) -> dict:
                 entry["attrs"] = dict(entry.get("attrs") or {}) | {"xser": {"slices": [list(map(int, s)) for s in sliced]}}
             subs[sub0][name] = entry
     return subs
+
+
+def refused(c: Coordinator, error: BaseException) -> None:
+    """A rank whose snapshot failed still takes part in the first round of the save, with its error: the others
+    raise at once, naming it, instead of waiting for it until the timeout. Raises ``error`` on this rank."""
+    def fail() -> None:
+        raise error
+
+    round_(c, "planning the save", fail, lambda _: None)
+    raise error  # (round_ raised it already)
 
 
 def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOptions, *, prepare: Callable[[Any], Any]) -> SaveReport:

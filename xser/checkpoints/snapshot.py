@@ -39,11 +39,16 @@ class Snapshot:
     def refuse_parts(self) -> None:
         """A save by one process needs every row: a parameter declared with ``add(..., rows=)`` that holds fewer is
         refused (a save with a coordinator puts every rank's rows together)."""
-        for sub, (_, _, held, _) in self.layout.items():
+        for sub, (_, _, held, slices) in self.layout.items():
             for name, (a, b, shape) in held.items():
                 if (a, b) != (0, shape[0]):
                     raise DataError(f"param {name!r} holds rows {a}:{b} of its {shape[0]} (add(..., rows=)): a save by one "
                                     "process needs every row; save with coordinator=xser.dist.TorchDistributed() on every rank",
+                                    Location(path=sub))
+            for name, sl in slices.items():
+                if (sl.begin, sl.end) != (0, sl.size):
+                    raise DataError(f"table {name!r} holds the ids of {sl!r} only (add_table(..., slice=)): a save by one process "
+                                    "needs every id bucket; save with coordinator=xser.dist.TorchDistributed() on every rank",
                                     Location(path=sub))
 
     @property
