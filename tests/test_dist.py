@@ -381,7 +381,7 @@ FAILURES = {
 }
 
 
-def _template(world: int, small: bool) -> dict:
+def _template(small: bool) -> dict:
     return {"rows": 2, "buckets": 2, "state": False} if small else {}
 
 
@@ -395,7 +395,7 @@ def failures(pool, tmp_path_factory):
     d = tmp_path_factory.mktemp("failures")
     kinds = sorted({(w, bool(o.get("small"))) for w, _, _, o in FAILURES.values()})
     made = pool.run([case(f"t{w}{'s' if small else ''}", w, d / f"t{w}{'s' if small else ''}/m.yaml", steps=[1, 2],
-                          **_template(w, small)) for w, small in kinds])
+                          **_template(small)) for w, small in kinds])
     for res in made.values():
         oks(res)
     before, cases = {}, []
@@ -404,14 +404,14 @@ def failures(pool, tmp_path_factory):
         shutil.copytree(d / t, d / id, symlinks=True)
         before[id] = fingerprint(d / id / "m.yaml")
         cases.append(case(id, world, d / id / "m.yaml", store=o.get("store", "rank0"), api=o.get("api", "saver"), steps=[3],
-                          resume=2, timeout=TIMEOUT, fault=fault, **_template(world, bool(o.get("small")))))
+                          resume=2, timeout=TIMEOUT, fault=fault, **_template(bool(o.get("small")))))
     failed = pool.run(cases)
     after = {id: (fingerprint(d / id / "m.yaml"), leftovers(d / id / "m.yaml")) for id in FAILURES}
     again = []
     for id, (world, _, expect, o) in FAILURES.items():
         newest = xser.checkpoints(d / id / "m.yaml")[0].step
         again.append(case(id, world, d / id / "m.yaml", api=o.get("api", "saver"), steps=[newest + 1], resume=newest,
-                          **_template(world, bool(o.get("small")))))
+                          **_template(bool(o.get("small")))))
     recovered = pool.run(again)
     return d, before, failed, after, recovered
 
