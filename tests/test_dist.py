@@ -426,13 +426,7 @@ def _matches(expected: str | None, got: dict) -> bool:
     return got["error"] == expected
 
 
-#: what fails for a known reason (the id: why)
-KNOWN = {"bad-training1": "CheckpointSaver.save takes the snapshot before the first round: a rank whose snapshot raises "
-                          "never joins it, and the others wait for the timeout and say it did not answer"}
-
-
-@pytest.mark.parametrize("id", [pytest.param(id, marks=pytest.mark.xfail(strict=True, reason=KNOWN[id])) if id in KNOWN else id
-                                for id in FAILURES])
+@pytest.mark.parametrize("id", list(FAILURES))
 def test_failed_rank_publishes_nothing(failures, id):
     """Nothing is published: every checkpoint loads as before, bit for bit; every surviving rank raises within the timeout,
     naming the failed rank and the phase; the failed rank is gone (killed), raised, or slept through it. Rank 0, if it
@@ -513,6 +507,10 @@ REFUSALS = {
                      "the same model"),
     "one-process-rows": (0, {"0": {"held": [0, 5]}}, {}, f"DataError: {ONE}"),
     "one-process-rows-xsave": (0, {"0": {"held": [0, 5]}}, {"api": "xsave"}, f"DataError: {ONE}"),
+    "one-process-slice": (0, {"0": {"slice": [0, 6]}}, {},
+                          "DataError: table 'emb' holds the ids of IdSlice(0, 6, 12) only (add_table(..., slice=)): a save "
+                          "by one process needs every id bucket; save with coordinator=xser.dist.TorchDistributed() on every "
+                          "rank"),
 }
 
 
@@ -539,15 +537,6 @@ def test_refused(refused, id):
     assert shown[1:] == [f"RankFailure: rank 0 failed while planning the save: {text}"] * (world - 1)
     assert xser.checkpoints(d / id / "m.yaml") == [] and leftovers(d / id / "m.yaml") == []
     assert not os.path.exists(d / id) or os.listdir(d / id) == []
-
-
-@pytest.mark.xfail(strict=True, reason="snapshot.refuse_parts checks the rows of add(..., rows=) but not a table's "
-                   "add_table(..., slice=): one process saves its slice's ids as the whole table")
-def test_one_process_save_of_an_id_slice_is_refused(pool, tmp_path):
-    """One process saving a table that declares only some of its id buckets (add_table(..., slice=IdSlice(0, 6, 12))) is
-    refused, as one that declares only some rows of a parameter is (one-process-rows)."""
-    got = pool.run([case("slice", 0, tmp_path / "m.yaml", ranks={"0": {"slice": [0, 6]}})])["slice"][0]
-    assert not got["ok"] and "slice" in got["error"], got
 
 
 # ---------------------------------------------------------------- each rank killed at each step of the save
