@@ -304,7 +304,8 @@ class XserSide:
     owned_bytes = state_bytes
 
     def open(self):
-        self._saver = self.xser.CheckpointSaver(self.cfg["path"], keep=2, coordinator=self.coord)
+        self._saver = self.xser.CheckpointSaver(self.cfg["path"], keep=2, coordinator=self.coord,
+                                                shards=self.cfg.get("xser_shards"))
 
     def close(self):
         self._saver.close()
@@ -419,7 +420,7 @@ def run_layout(args, n: int, root: str, sides: list[str], cells: list[str]) -> d
 
     def cell(side, op, path, world, **extra):
         base = dict(side=side, n=n, rows=rows, cols=COLS, timeout=args.timeout, scratch=path + "-warm",
-                    path=path if side == "dcp" else os.path.join(path, "m.yaml"), op=op, profile=args.profile, **extra)
+                    path=path if side == "dcp" else os.path.join(path, "m.yaml"), op=op, profile=args.profile, xser_shards=args.xser_shards, **extra)
         os.sync()
         t = time.perf_counter()
         outs = launch(base, world, args.timeout + 120)
@@ -516,6 +517,8 @@ def main(argv=None):
     ap.add_argument("--cells", default="save,reshard,async", help="which cells (save,reshard,async; reshard needs save)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per cell (and the ranks' collectives)")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints go (default /tmp)")
+    ap.add_argument("--xser-shards", type=int, default=None,
+                    help="CheckpointSaver(shards=N) on the xser side: packed files instead of one per array (default: none)")
     ap.add_argument("--profile", default=None, help="a directory: py-spy records each rank there (collapsed stacks)")
     ap.add_argument("--rank-cfg", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -529,6 +532,8 @@ def main(argv=None):
         import xser
 
         print(f"# xser {xser.__version__} from {os.path.dirname(xser.__file__)}")
+    if args.xser_shards:
+        print(f"# xser side: CheckpointSaver(shards={args.xser_shards})")
     print(f"# 2 ranks on gloo (3 for the resharded load), {args.mib} MiB per rank, arrays {args.arrays}, "
           f"{args.repeats} repeat(s), medians; dir {root}")
     t0 = time.perf_counter()
