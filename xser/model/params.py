@@ -311,8 +311,11 @@ class Subcollection:
         """Remember where the owner keeps each parameter's array: attributes, and values of a dict or
         list held in an attribute. Called when the component's constructor returns."""
         owned = getattr(self._owner, "__dict__", {})
+        by_id: dict[int, list] = {}
+        for p in places_of(owned):
+            by_id.setdefault(id(get_place(self._owner, p)), []).append(p)
         for name, arr in self._arrays.items():
-            self._places[name] = [p for p in places_of(owned) if get_place(self._owner, p) is arr]
+            self._places[name] = [p for p in by_id.get(id(arr), []) if get_place(self._owner, p) is arr]
 
     def __contains__(self, name: object) -> bool:
         return name in self._decls

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import io
+import ctypes
+import sys
 import os
 import stat
 import threading
@@ -12,7 +14,7 @@ from typing import Any, BinaryIO
 from ..errors import DataError, Location
 
 __all__ = [
-    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "mappable", "open_regular", "os_error", "pread_into",
+    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "mappable", "open_regular", "os_error", "pread_into",
     "read_regular", "require_regular", "to_devnull",
 ]
 
@@ -92,6 +94,39 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _load_syncfs():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+
+
+def sync_files(directory: str, paths: list[str]) -> None:
+    """Make the files ``paths`` (inside ``directory``) durable: with one ``syncfs`` of the filesystem that holds
+    ``directory`` where Linux has it (one call instead of one fsync per file: a rank of a distributed save writes
+    thousands), else an fsync of each file. A writeback error is an ``OSError`` either way."""
+    if _SYNCFS is not None:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            if _SYNCFS(fd) == 0:
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+                raise OSError(err, os.strerror(err), directory)
+        finally:
+            os.close(fd)
+    for path in paths:
+        fsync_file(path)
 
 
 def fsync_file(path: str) -> None:
