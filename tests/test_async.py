@@ -287,3 +287,117 @@ def test_cuda_tensors_are_copied_into_pinned_host_memory(tmp_path):
     back = xser.load(path, checkpoint=0)
     assert back.module.weight.unique().tolist() == [101.5] and back.module.bias.unique().tolist() == [-2.0]
     assert xser.load(path, checkpoint=1).module.weight.unique().tolist() == [1.5]
+
+
+def _slow_saves(monkeypatch):
+    """Background saves wait for the returned event before they start."""
+    import threading
+
+    from xser.checkpoints import saver as saver_module
+
+    gate = threading.Event()
+    real = saver_module.save_locked
+
+    def slow(*a, **kw):
+        gate.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(saver_module, "save_locked", slow)
+    return gate
+
+
+def _interrupt_waits(pending: PendingSave, gate) -> None:
+    """Ctrl-C while the caller waits for ``pending``, as long as the save is held at ``gate``."""
+    future = pending._future
+    real = future.result
+
+    def result(timeout=None):
+        if not gate.is_set():
+            raise KeyboardInterrupt
+        return real(timeout)
+
+    future.result = result
+
+
+def test_an_interrupted_wait_leaves_the_save_pending(tmp_path, monkeypatch):
+    """Ctrl-C while waiting for a pending save: the save goes on, and nothing else starts (or lets the lock go) until
+    it is done; its checkpoint holds its own snapshot, never a later one's."""
+    path = str(tmp_path / "m.yaml")
+    m = AsyncModel()
+    gate = _slow_saves(monkeypatch)
+    saver = xser.CheckpointSaver(path, keep=5)
+    fill(m, 1)
+    first = saver.save(m, step=1, blocking=False)
+    _interrupt_waits(first, gate)
+    with pytest.raises(KeyboardInterrupt):
+        saver.save(m, step=2, blocking=False)  # waits for step 1 first: interrupted
+    with pytest.raises(KeyboardInterrupt):
+        saver.close()  # likewise: the lock stays, and the save is still pending
+    assert saver._pending is first and not first.done() and saver._lock.held
+    gate.set()
+    fill(m, 3)
+    saver.save(m, step=3, blocking=False).result()
+    saver.close()
+    assert [c.step for c in xser.checkpoints(path)] == [3, 1]
+    assert same(values(xser.load(path, checkpoint=1))[:3], [np.full(s, 1, d) for s, d in [((3, 4), "float32"), ((5,), "int64"), ((), "float64")]])
+
+
+def test_an_interrupted_result_does_not_swallow_the_save_error(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.yaml")
+    m = _mismatching_model(path)
+    gate = _slow_saves(monkeypatch)
+    saver = xser.CheckpointSaver(path)
+    pending = saver.save(m, blocking=False)
+    _interrupt_waits(pending, gate)
+    with pytest.raises(KeyboardInterrupt):
+        pending.result()
+    gate.set()
+    with pytest.raises(xser.CheckpointError, match=MISMATCH):
+        saver.close()  # the save's own error, seen by nobody yet
+    assert not saver._lock.held
+
+
+def test_tied_torch_weights_are_copied_and_stored_once(tmp_path):
+    torch = pytest.importorskip("torch")
+    from xser.torch import wrap
+
+    seq = wrap(torch.nn.Sequential, wrap(torch.nn.Linear, 4, 4), wrap(torch.nn.Linear, 4, 4))
+    seq.module[1].module.weight = seq.module[0].module.weight  # tied
+    blocking, pending = str(tmp_path / "b.yaml"), str(tmp_path / "a.yaml")
+    xser.save(seq, blocking)
+    with xser.CheckpointSaver(pending) as saver:
+        saver.save(seq, blocking=False).result()
+    files = [sorted(f for _, _, fs in os.walk(p + ".data") for f in fs if f.endswith(".npy")) for p in (blocking, pending)]
+    assert files[0] == files[1] and len(files[1]) == 3  # one weight (stored once) and two biases
+
+
+@xser.serializable(tag="!AsyncShard")
+class AsyncShard:
+    n: int = 6
+
+    def __attrs_post_init__(self):
+        self.W = xser.params(self).add("W", (self.n, 2), rows=xser.dist.rows(self.n))
+
+
+def test_two_savers_share_one_coordinator(tmp_path):
+    """An async save pending on one saver while another saver (same coordinator) saves: the saves run one after the
+    other on every rank, each checkpoint whole (a job of 3 ranks as threads)."""
+    import xser.dist
+    from threaded import run
+
+    def job(c):
+        m, ema = AsyncShard(), AsyncShard()
+        first, stop = xser.dist.rows(6)
+        with xser.CheckpointSaver(str(tmp_path / "m.yaml"), coordinator=c) as a, \
+                xser.CheckpointSaver(str(tmp_path / "ema.yaml"), coordinator=c) as b:
+            for step in (1, 2, 3):
+                m.W[...] = np.arange(first, stop)[:, None] + step
+                ema.W[...] = -m.W
+                pending = a.save(m, step=step, blocking=False)
+                b.save(ema, step=step)
+                m.W[...] = 0
+            pending.result()
+
+    run(3, job)
+    assert xser.read_params(str(tmp_path / "m.yaml")).popitem()[1]["W"][:, 0].tolist() == [3, 4, 5, 6, 7, 8]
+    assert xser.read_params(str(tmp_path / "ema.yaml")).popitem()[1]["W"][:, 0].tolist() == [-3, -4, -5, -6, -7, -8]

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import datetime
 import pickle
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from .errors import CheckpointError, XserError
 
-__all__ = ["DEFAULT_TIMEOUT", "Coordinator", "Local", "RankFailure", "TorchDistributed", "current", "round_", "rows", "using"]
+__all__ = ["DEFAULT_TIMEOUT", "Coordinator", "Local", "RankFailure", "TorchDistributed", "current", "round_", "rows", "turns", "using"]
 
 T = TypeVar("T")
 
@@ -136,28 +136,27 @@ class TorchDistributed:
                            f"{_first_line(e)}")
 
     def _wait_for(self, keys: dict[int, str], seconds: float, what: str) -> dict[int, Any]:
-        """The value of each rank's key, or ``("failed", reason)`` for a rank that set none within ``seconds``."""
+        """The value of each rank's key, or ``("failed", reason)`` for a rank that set none within ``seconds``.
+
+        Polls with ``check`` and short sleeps rather than one long ``wait``: torch's store client serialises its
+        calls, so a long wait here (an async save's background thread) would hold up the trainer's own use of the
+        store (a new process group, NCCL's lazy setup) for as long as it waits."""
         deadline = time.monotonic() + seconds
         out: dict[int, Any] = {}
         late: list[int] = []
-        for r, key in keys.items():
-            left = deadline - time.monotonic()
-            try:
-                if late or left <= 0:
-                    if not self._store.check([key]):
+        pause = 0.0005
+        try:
+            for r, key in keys.items():
+                while not self._store.check([key]):
+                    if late or time.monotonic() >= deadline:
                         late.append(r)
-                        continue
+                        break
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.02)
                 else:
-                    self._store.wait([key], datetime.timedelta(seconds=left))
-                out[r] = pickle.loads(self._store.get(key))
-            except RuntimeError as e:  # DistStoreError (a timeout) and a lost connection are both RuntimeErrors
-                if "imeout" in str(e) or "imed out" in str(e):
-                    if not self._store.check([key]):
-                        late.append(r)
-                        continue
                     out[r] = pickle.loads(self._store.get(key))
-                else:
-                    raise self._unreachable(e, what) from None
+        except RuntimeError as e:  # a lost connection (DistNetworkError, DistStoreError are RuntimeErrors)
+            raise self._unreachable(e, what) from None
         for r in late:
             out[r] = ("failed", (f"rank {r} did not answer within {seconds:g} s while {what} "
                                  "(it died, hangs, or is slower than the timeout)"))
@@ -258,7 +257,13 @@ def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[
         if own is not None:
             raise own
         return decide([mine[1]]) if decide is not None else None
-    results = c.gather(mine, what)
+    try:
+        results = c.gather(mine, what)
+    except RankFailure as e:  # rank 0's coordinator is unusable: the others must hear it, not wait for the timeout
+        if c.rank != 0:
+            raise
+        c.broadcast(("error", e.message), what)
+        raise
     out: Any
     if c.rank == 0:
         assert results is not None
@@ -289,6 +294,52 @@ def round_(c: Coordinator, what: str, work: Callable[[], Any], decide: Callable[
     if own is not None:  # cannot happen: a failed rank makes the round fail
         raise own
     return out[1]
+
+
+class Turns:
+    """The order in which saves use one coordinator: each save takes a ticket when the program asks for it (an async
+    save on the caller's thread, before it returns) and runs its rounds when its turn comes, so saves through one
+    coordinator (two savers, an async save and another save) run one after the other in program order on every
+    rank; interleaved, rank 0 could take one save's message for another's."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    def ticket(self) -> int:
+        with self._cond:
+            self._next += 1
+            return self._next - 1
+
+    @contextlib.contextmanager
+    def turn(self, ticket: int | None = None) -> Iterator[None]:
+        """Wait for ``ticket``'s turn (a new ticket if None), hold it for the block, then pass it on."""
+        if ticket is None:
+            ticket = self.ticket()
+        with self._cond:
+            self._cond.wait_for(lambda: self._serving == ticket)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
+
+
+def turns(c: Coordinator) -> Turns:
+    """The ``Turns`` of coordinator ``c`` (made on first use)."""
+    got = getattr(c, "_xser_turns", None)
+    if got is None:
+        with _TURNS:
+            got = getattr(c, "_xser_turns", None)
+            if got is None:
+                got = Turns()
+                c._xser_turns = got  # type: ignore[attr-defined]
+    return got
+
+
+_TURNS = threading.Lock()
 
 
 # ---------------------------------------------------------------- the coordinator in effect

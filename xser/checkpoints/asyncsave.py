@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from ..errors import CheckpointError
-from ..storage.payloads import Lazy
+from ..storage.payloads import Lazy, identity
 from .common import SaveReport
 from .snapshot import Snapshot
 
@@ -64,7 +64,7 @@ class HostBuffer:
             out = {}
             for name, spec in items.items():
                 item = spec[0]
-                same = id(item) if isinstance(item, np.ndarray) else (item.key if isinstance(item, Lazy) else None)
+                same = identity(item)  # the same memory under two names (tied weights, views of one tensor)
                 if same is not None and same in copies:
                     out[name] = (copies[same], *spec[1:])
                     continue
@@ -98,16 +98,20 @@ class PendingSave:
         except concurrent.futures.TimeoutError:
             raise CheckpointError(f"the async save is still running after {timeout:g} s") from None
         except BaseException:
-            self.seen = True
+            if self._future.done():  # the save's own error (not the caller's Ctrl-C while it waited)
+                self.seen = True
             raise
         self.seen = True
         return report
 
     def wait(self) -> BaseException | None:
-        """Wait for it; its error, if it failed and nobody has seen that yet."""
+        """Wait for it; its error, if it failed and nobody has seen that yet. An interruption of the wait itself
+        (``KeyboardInterrupt``, ``SystemExit``) is raised, and the save is still pending."""
         try:
             self._future.result()
         except BaseException as e:
+            if not self._future.done():
+                raise
             if not self.seen:
                 self.seen = True
                 return e

@@ -26,12 +26,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..dist import Coordinator, round_
+from ..dist import Coordinator, round_, turns
 from ..errors import CheckpointError, DataError, Location
 from ..model.tables import part_of
 from ..storage.disk.commit import finish_manifest, manifest_of, new_id, now
 from ..storage.formats import FORMATS
-from ..storage.fsutil import makedirs_durable, sync_files
+from ..storage.fsutil import makedirs_durable, sync_files, syncfs_usable
 from ..storage.manifest import STATE_DIR, new_manifest
 from ..storage.payloads import Lazy
 from ..storage.plan import place, plan_save
@@ -241,11 +241,12 @@ def _write_part(rank: int, snap: Snapshot, decision: dict, options: SaveOptions)
                      formats=formats, blocks=options.blocks, shards=options.shards)
     plan = place(plan, decision["at"][rank], f"rank{rank:05d}")
     _step("planned")
-    # durable: one syncfs for the rank's files (where Linux has it) instead of one fsync each; rank 0 fsyncs the
-    # directories after every rank wrote (finish_manifest)
-    results = write(decision["staging"], plan, durable=False, threads=max(options.threads, options.shards or 0),
-                    make_dirs=False)
-    if options.durable:
+    # durable: one syncfs for the rank's files (where it is usable: syncfs_usable) instead of one fsync each; rank 0
+    # fsyncs the directories after every rank wrote (finish_manifest)
+    batch = options.durable and syncfs_usable(decision["staging"])
+    results = write(decision["staging"], plan, durable=options.durable and not batch,
+                    threads=max(options.threads, options.shards or 0), make_dirs=False)
+    if batch:
         sync_files(decision["staging"], [os.path.join(decision["staging"], r.rel) for r in results if not r.linked])
     _step("written")
     m = manifest_of(plan, results, {}, id="-", model="-")
@@ -281,28 +282,34 @@ def _heard(c: Coordinator) -> None:
     after the commit is only logged: the checkpoint is published."""
     if c.world_size == 1:
         return
-    got = c.gather(True, "reading the report")
+    try:
+        got = c.gather(True, "reading the report")
+    except CheckpointError as e:  # the checkpoint is published: this rank returns it, whatever befell the others
+        _log.warning("after the commit: %s", e.message)
+        return
     late = [r for r, v in enumerate(got or []) if v is not True]
     if late:
         _log.warning("rank %s did not confirm the published checkpoint (it died after the commit?)", ", ".join(map(str, late)))
+        if getattr(c, "_broken", None) is not None:  # a late rank after the commit: the next save finds out for itself
+            c._broken = None  # type: ignore[attr-defined]
 
 
-def refused(c: Coordinator, error: BaseException) -> None:
+def refused(c: Coordinator, error: BaseException, ticket: int | None = None) -> None:
     """A rank whose snapshot failed still takes part in the first round of the save, with its error: the others
     raise at once, naming it, instead of waiting for it until the timeout. Raises ``error`` on this rank."""
     def fail() -> None:
         raise error
 
-    round_(c, "planning the save", fail, lambda _: None)
+    with turns(c).turn(ticket):
+        round_(c, "planning the save", fail, lambda _: None)
     raise error  # (round_ raised it already)
 
 
-def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOptions, *, prepare: Callable[[Any], Any]) -> SaveReport:
+def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOptions, *, prepare: Callable[[Any], Any],
+                     ticket: int | None = None) -> SaveReport:
     """One checkpoint from every rank of ``c``. ``prepare(whole)`` (rank 0, lock held) scans the model and stages the
-    new checkpoint (a ``saver.Prepared``); every rank returns the report, or every rank raises."""
-    if is_url(path):
-        raise CheckpointError("a save from several processes goes to a local or shared filesystem; object stores "
-                              "(URLs) are not supported for it yet", Location(path))
+    new checkpoint (a ``saver.Prepared``); every rank returns the report, or every rank raises. ``ticket``: this save's
+    place among the saves through ``c`` (``xser.dist.turns``), taken when the program asked for it; None: now."""
     prepared: Any = None
 
     def plan(sums: list[dict]) -> dict:
@@ -317,6 +324,11 @@ def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOpt
         return decision | {"staging": staging}
 
     def finish(parts: list[dict]) -> bool:
+        for r, p in enumerate(parts):  # a backstop: each rank wrote what rank 0 asked of it, no more, no less
+            got = sorted((sub, name) for sub, ps in p["subs"].items() for name in ps)
+            want = sorted((decision["names"][r][sub], name) for sub, name in decision["writes"][r])
+            if got != want:
+                raise CheckpointError(f"rank {r} wrote {len(got)} entries, asked for {len(want)}: the ranks are out of step")
         staging = prepared.staging
         meta = dict(snap.meta, training={})
         manifest = new_manifest(meta, id=new_id(), model=prepared.model, created=now())
@@ -334,12 +346,16 @@ def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOpt
         _step("publishing")
         return prepared.publish()
 
-    try:
-        decision = round_(c, "planning the save", lambda: _summary(snap, path), plan)
-        round_(c, "writing its blocks", lambda: _write_part(c.rank, snap, decision, options), finish)
-        report = round_(c, "publishing", lambda: _step("acknowledged"), publish, final=True)
+    with turns(c).turn(ticket):  # one save at a time through a coordinator, in program order on every rank
+        if is_url(path):
+            raise CheckpointError("a save from several processes goes to a local or shared filesystem; object stores "
+                                  "(URLs) are not supported for it yet", Location(path))
+        try:
+            decision = round_(c, "planning the save", lambda: _summary(snap, path), plan)
+            round_(c, "writing its blocks", lambda: _write_part(c.rank, snap, decision, options), finish)
+            report = round_(c, "publishing", lambda: _step("acknowledged"), publish, final=True)
+        finally:
+            if prepared is not None:
+                prepared.close()
         _heard(c)
         return report
-    finally:
-        if prepared is not None:
-            prepared.close()

@@ -21,7 +21,7 @@ from ..errors import CheckpointError, Location
 from ..spec.saved import hand_edit
 from ..storage.disk.commit import finish, new_id, remove_leftovers, stage
 from ..storage.objects.commit import latest
-from ..storage.stores import LOCAL, is_url, options, store_for
+from ..storage.stores import is_url, options, store_for
 from ..storage.fsutil import os_error, refuse_special
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
@@ -30,14 +30,14 @@ from ..storage.plan import plan_save
 from ..storage.write import write
 from .common import SaveOptions, SaveReport, before_writing
 from .policy import Policy, as_policy, metrics_of, retain
-from .remote import save_remote, write_new_model_remote
+from .remote import save_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
 from .asyncsave import HostBuffer, PendingSave
 from .distributed import refused, save_distributed
 from .snapshot import Snapshot, snapshot
-from ..dist import Local, round_
+from ..dist import Local, round_, turns
 
-__all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model", "write_new_model"]
+__all__ = ["CheckpointSaver", "SaveOptions", "SaveReport", "save_model"]
 
 _log = logging.getLogger("xser")
 
@@ -60,12 +60,6 @@ def _write_into(staging: Any, snap: Snapshot, options: SaveOptions, previous: An
     results = write(staging.path, plan, durable=options.durable, threads=max(options.threads, options.shards or 0))
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
     return staging
-
-
-def _stage_and_write(stack: contextlib.ExitStack, path: str, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
-    """plan -> write -> finish into a staging directory that ``stack`` removes if anything fails."""
-    staging = stack.enter_context(stage(data_dir_of(path, 0), durable=options.durable))
-    return _write_into(staging, snap, options, previous, model)
 
 
 def refuse_special_spec(path: str) -> None:
@@ -216,30 +210,6 @@ def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = 
         return save_locked(path, snap, options, policy=None)
 
 
-def write_new_model(out: str, snaps: list[Snapshot], options: SaveOptions, *, force: bool) -> None:
-    """Write a complete new model at ``out`` (one checkpoint per snapshot, newest first) under its lock.
-
-    An existing model at ``out`` is an error unless ``force``; then it is replaced whole (its
-    older checkpoints too), with the same commit point as every save.
-    """
-    if is_url(out):
-        return write_new_model_remote(out, snaps, options, force=force)
-    with ModelLock(out), os_errors(out):
-        refuse_special_spec(out)
-        with scan(out, saver=True) as s:
-            recover(out, s, durable=options.durable)
-            old = [c.path for c, _ in s.listed]
-            if (LOCAL.size(out) is not None or old) and not force:
-                raise CheckpointError("the output model exists; remove it or pass --force to replace it", Location(out))
-            edit = hand_edit(out, s.listed[0][1], [d for _, d in s.listed]) if s.listed else None
-            model = new_id()
-            with contextlib.ExitStack() as stack:
-                staged = [_stage_and_write(stack, out, snap, options, None, model) for snap in snaps]
-                _clear_spec(out, snaps[0].spec_text, edit, options.durable)
-                publish_new_model(out, [st.path for st in staged], old, options.durable)
-        sync_spec(out, snaps[0].spec_text, options.durable)
-
-
 class _Unlocked:
     """A saver's "lock" on an object store, which has none: each save's conditional commit is what excludes others."""
 
@@ -300,7 +270,8 @@ class CheckpointSaver:
             def take(_: list) -> None:
                 self._lock = self._open()
 
-            round_(self.coordinator, "opening the saver", lambda: None, take)
+            with turns(self.coordinator).turn():
+                round_(self.coordinator, "opening the saver", lambda: None, take)
         else:
             self._lock = self._open()
 
@@ -334,21 +305,31 @@ class CheckpointSaver:
                 _log.warning("%s: metric %r is NaN; a NaN never counts as best", self.path, metric)
 
     def close(self) -> None:
-        """Wait for a pending async save (raising its error), then let the model lock go."""
+        """Wait for a pending async save (raising its error), then let the model lock go. Never while a save runs: a
+        wait interrupted by Ctrl-C keeps the lock and the save goes on (``close()`` again to finish)."""
         try:
             self.wait()
-        finally:
-            self._lock.release()
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
-            self._buffer = None
+        except BaseException:
+            if self._pending is not None:  # interrupted while the save still runs
+                raise
+            self._release()
+            raise
+        self._release()
+
+    def _release(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._lock.release()
+        self._buffer = None
 
     def wait(self) -> None:
-        """Wait for the pending async save, if any; raise its error if nobody has seen it yet."""
-        pending, self._pending = self._pending, None
+        """Wait for the pending async save, if any; raise its error if nobody has seen it yet. An interrupted wait
+        leaves it pending: the next save, ``wait()`` or ``close()`` waits for it again."""
+        pending = self._pending
         if pending is not None:
             error = pending.wait()
+            self._pending = None
             if error is not None:
                 raise error
 
@@ -424,16 +405,19 @@ class CheckpointSaver:
             if self.coordinator.world_size > 1:
                 refused(self.coordinator, e)
             raise
-        self._pending = PendingSave(self._executor.submit(self._save, snap))
+        # its place among the saves through the coordinator is taken now, in program order, not when the thread runs
+        ticket = turns(self.coordinator).ticket() if self.coordinator.world_size > 1 else None
+        self._pending = PendingSave(self._executor.submit(self._save, snap, ticket))
         return self._pending
 
-    def _save(self, snap: Snapshot) -> SaveReport:
+    def _save(self, snap: Snapshot, ticket: int | None = None) -> SaveReport:
         """Every step after the snapshot (on the caller's thread, or the background one)."""
         restart, check_all = self.restart and not self._checked, not self._checked
         if self.coordinator.world_size > 1:
             with os_errors(self.path):
                 report = save_distributed(self.coordinator, snap, self.path, self.options, prepare=lambda whole: Prepared(
-                    self.path, whole, self.options, policy=self.policy, restart=restart, check_all=check_all, skip_duplicates=False))
+                    self.path, whole, self.options, policy=self.policy, restart=restart, check_all=check_all, skip_duplicates=False),
+                    ticket=ticket)
         else:
             with os_errors(self.path), options(self.storage_options):
                 report = save_locked(self.path, snap, self.options, policy=self.policy, restart=restart, check_all=check_all,

@@ -411,7 +411,8 @@ def import_angel(matrix_dir: str | os.PathLike, out: str | os.PathLike, *, force
     ``matrix_dir`` may be a URL (``s3://``, ``hdfs://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
     from . import where_from
 
-    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.newmodel import write_new_model
+    from ..checkpoints.saver import SaveOptions
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header

@@ -231,7 +231,8 @@ def import_dismec(meta_path: str | os.PathLike, out: str | os.PathLike, *, force
     unfinished training run, which DiSMEC++'s partial loader reads): the model holds those rows only and
     records which labels they are (``present``), and the missing ranges are listed in its metadata. ``meta_path``
     may be a URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
-    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.newmodel import write_new_model
+    from ..checkpoints.saver import SaveOptions
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header

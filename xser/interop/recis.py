@@ -222,7 +222,8 @@ def import_recis(directory: str | os.PathLike, out: str | os.PathLike, *, force:
     """
     from . import where_from
 
-    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.newmodel import write_new_model
+    from ..checkpoints.saver import SaveOptions
     from ..checkpoints.snapshot import Snapshot
     from ..spec import Tagged, dump
     from ..spec.saved import SPEC_FORMAT, spec_header

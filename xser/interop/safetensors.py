@@ -252,7 +252,8 @@ def import_safetensors(source: str | os.PathLike, out: str | os.PathLike, *, for
     are kept as resources of the model, and ``export_safetensors`` writes them back. ``source`` may be a URL
     (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem): only the bytes of each tensor are read.
     """
-    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.newmodel import write_new_model
+    from ..checkpoints.saver import SaveOptions
     from ..checkpoints.snapshot import Snapshot
     from ..spec import dump
     from ..spec.saved import SPEC_FORMAT, spec_header

@@ -90,7 +90,8 @@ def import_xnmt(mod: str | os.PathLike, out: str | os.PathLike, *, force: bool =
                 storage_options: dict | None = None) -> list[str]:
     """Make an xser model of an XNMT saved model with all its checkpoints; returns the checkpoint dirs read.
     ``mod`` may be a URL (``s3://``, ``memory://``, ...; ``storage_options`` go to its filesystem)."""
-    from ..checkpoints.saver import SaveOptions, write_new_model
+    from ..checkpoints.newmodel import write_new_model
+    from ..checkpoints.saver import SaveOptions
     from ..checkpoints.snapshot import Snapshot
     from ..spec.saved import SPEC_FORMAT, spec_header
 

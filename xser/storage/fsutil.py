@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from ..errors import DataError, Location
 
 __all__ = [
-    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "mappable", "open_regular", "os_error", "pread_into",
+    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "syncfs_usable", "fs_type", "mappable", "open_regular", "os_error", "pread_into",
     "read_regular", "require_regular", "to_devnull",
 ]
 
@@ -111,11 +111,50 @@ def _load_syncfs():
 _SYNCFS = _load_syncfs()
 
 
+#: local filesystems whose syncfs waits for every file's data and metadata and (Linux >= 5.8) reports writeback errors
+SYNCFS_TYPES = frozenset({"ext4", "xfs", "btrfs", "tmpfs", "f2fs"})
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        got = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    except (ValueError, AttributeError):
+        return False
+    return got >= (major, minor)
+
+
+def fs_type(path: str) -> str | None:
+    """The type of the filesystem mounted where ``path`` is (Linux's /proc/self/mountinfo), or None."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    real, best, kind = os.path.realpath(path), "", None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, right.split()[0] if right.split() else None
+    return kind
+
+
+def syncfs_usable(directory: str) -> bool:
+    """One ``syncfs`` makes every file in ``directory`` durable, with errors reported: Linux >= 5.8 (before, syncfs
+    returned 0 after writeback errors) and a local filesystem of ``SYNCFS_TYPES`` (a FUSE or network mount may not
+    pass it on to where the data lives)."""
+    return _SYNCFS is not None and _kernel_at_least(5, 8) and fs_type(directory) in SYNCFS_TYPES
+
+
 def sync_files(directory: str, paths: list[str]) -> None:
     """Make the files ``paths`` (inside ``directory``) durable: with one ``syncfs`` of the filesystem that holds
-    ``directory`` where Linux has it (one call instead of one fsync per file: a rank of a distributed save writes
-    thousands), else an fsync of each file. A writeback error is an ``OSError`` either way."""
-    if _SYNCFS is not None:
+    ``directory`` where it is usable (``syncfs_usable``: one call instead of one fsync per file, and a rank of a
+    distributed save writes thousands), else an fsync of each file. A writeback error is an ``OSError`` either way.
+    (``syncfs`` also waits for other processes' dirty data on that filesystem.)"""
+    if syncfs_usable(directory):
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             if _SYNCFS(fd) == 0:

@@ -24,7 +24,8 @@ from ..storage.progress import advance
 from ..storage.progress import progress as progress_bar
 from ..api import retrying
 from ..checkpoints.policy import best_n
-from ..checkpoints.saver import SaveOptions, write_new_model
+from ..checkpoints.newmodel import write_new_model
+from ..checkpoints.saver import SaveOptions
 from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location, did_you_mean, shape_str
 from ..spec.saved import is_saved

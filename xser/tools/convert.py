@@ -17,7 +17,8 @@ from typing import Any
 import attrs
 
 from ..api import retrying
-from ..checkpoints.saver import SaveOptions, write_new_model
+from ..checkpoints.newmodel import write_new_model
+from ..checkpoints.saver import SaveOptions
 from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location
 from ..spec import dump, iter_tagged

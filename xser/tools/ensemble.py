@@ -18,7 +18,8 @@ import attrs
 import contextlib
 
 from ..api import retrying
-from ..checkpoints.saver import SaveOptions, write_new_model
+from ..checkpoints.newmodel import write_new_model
+from ..checkpoints.saver import SaveOptions
 from ..checkpoints.snapshot import Snapshot
 from ..errors import CheckpointError, Location, SpecError
 from ..model.refs import NotFound, Resolver, dedupe_ids, inline, parse_path
