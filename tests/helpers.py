@@ -88,3 +88,12 @@ def returns_soon(call, seconds: float = 30.0) -> dict:
     t.join(seconds)
     assert not t.is_alive(), "blocked"
     return result
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for a torch.distributed rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xser
+from helpers import free_port
 from xser.checkpoints.asyncsave import PendingSave
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -241,16 +241,11 @@ os._exit(0)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_async_saves_from_two_processes(tmp_path):
     pytest.importorskip("torch")
     path = str(tmp_path / "m.yaml")
-    port = _free_port()
+    port = free_port()
     root = os.path.dirname(HERE)
     procs = [subprocess.Popen([sys.executable, "-c", ASYNC_CHILD, str(r), "2", str(port), root, path], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True) for r in range(2)]

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import xser
+from helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_distributed_example_runs_under_torchrun(tmp_path):
     pytest.importorskip("torch")
     path = str(tmp_path / "dist" / "model.yaml")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            os.path.join(ROOT, "examples", "distributed.py"), path]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

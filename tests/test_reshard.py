@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,8 +16,9 @@ import numpy as np
 import pytest
 
 import xser
+from helpers import free_port
 import xser.dist
-from xser.model.tables import IdSlice, may_hold, runs
+from xser.model.tables import IdSlice, may_hold
 from xser.storage.disk import dirhandle
 
 from reshard_model import ALL_IDS, SLICE, Shard, problems, save, t_rows
@@ -333,11 +333,6 @@ def _in_run(entries: dict, f: str, sl: list) -> bool:
 # ---------------------------------------------------------------- real processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_gloo_loads(saved):
     """The 2-rank checkpoint loaded by a gloo job of 3 processes at slice size 8: each rank holds its rows and the ids
@@ -345,7 +340,7 @@ def test_gloo_loads(saved):
     each process here spends seconds importing torch.)"""
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE]))
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "reshard_child.py"), str(r), "3", str(port), saved[2], "8"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
     out = []

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from ..errors import DataError, Location
 
 __all__ = [
-    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "syncfs_usable", "fs_type", "mappable", "open_regular", "os_error", "pread_into",
+    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "syncfs_usable", "fs_type", "libc_function", "mappable", "open_regular", "os_error", "pread_into",
     "read_regular", "require_regular", "to_devnull",
 ]
 
@@ -96,19 +96,20 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _load_syncfs():
+def libc_function(name: str, argtypes: list) -> Any:
+    """A function of Linux's C library (``renameat2``, ``syncfs``) with its argument types, or None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (AttributeError, OSError):
         return None
-    fn.argtypes = [ctypes.c_int]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
 
 
-_SYNCFS = _load_syncfs()
+_SYNCFS = libc_function("syncfs", [ctypes.c_int])
 
 
 #: local filesystems whose syncfs waits for every file's data and metadata and (Linux >= 5.8) reports writeback errors

@@ -16,7 +16,6 @@ import errno
 import os
 import secrets
 import shutil
-import sys
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import attrs
 
 from ...errors import DataError, Location, StorageError
-from ..fsutil import fsync_dir, makedirs_durable, os_error
+from ..fsutil import fsync_dir, libc_function, makedirs_durable, os_error
 from .dirhandle import O_DIR
 from ..layout import OLD_MARK, leftovers, temp_name
 from .lock import claim
@@ -181,19 +180,7 @@ def finish_manifest(staging: Staging, manifest: dict, dirs: Any) -> dict:
 # ---------------------------------------------------------------- publishing
 
 
-def _load_renameat2():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAMEAT2 = _load_renameat2()
+_RENAMEAT2 = libc_function("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
