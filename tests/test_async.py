@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xser
-from helpers import free_port
 from xser.checkpoints.asyncsave import PendingSave
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -211,51 +207,6 @@ def test_torch_tensors_are_copied_off_at_save(tmp_path):
         pending.result()
     back = xser.load(path)
     assert back.module.weight.tolist() == [[1.0] * 3] * 2 and back.module.bias.tolist() == [2.0, 2.0]
-
-
-ASYNC_CHILD = r"""
-import datetime, json, os, sys
-sys.path.insert(0, sys.argv[4])
-import numpy as np, torch.distributed as dist, xser, xser.dist
-rank, world, port, _, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-c = xser.dist.TorchDistributed(timeout=30)
-
-@xser.serializable(tag="!AsyncRows")
-class Rows:
-    n: int = 10
-    def __attrs_post_init__(self):
-        self.W = xser.params(self).add("W", (self.n, 3), rows=xser.dist.rows(self.n))
-
-with xser.dist.using(c):
-    m = Rows()
-out = {"rank": rank}
-with xser.CheckpointSaver(path, keep=2, coordinator=c) as saver:
-    for step in (1, 2):
-        m.W[...] = step
-        pending = saver.save(m, step=step, training={"rank": rank}, blocking=False)
-        m.W[...] = -1  # in place, right after save returned
-    out["path"] = pending.result().path
-print(json.dumps(out), flush=True)
-os._exit(0)
-"""
-
-
-
-def test_async_saves_from_two_processes(tmp_path):
-    pytest.importorskip("torch")
-    path = str(tmp_path / "m.yaml")
-    port = free_port()
-    root = os.path.dirname(HERE)
-    procs = [subprocess.Popen([sys.executable, "-c", ASYNC_CHILD, str(r), "2", str(port), root, path], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for r in range(2)]
-    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
-    assert [o["path"] for o in outs] == [path + ".data"] * 2
-    sys.path.insert(0, root)
-    back = xser.read_params(path)
-    (arrays,) = back.values()
-    assert arrays["W"].tolist() == [[2.0] * 3] * 10  # every rank's rows as they were at save, not -1
-    assert [c.step for c in xser.checkpoints(path)] == [2, 1]
 
 
 def test_cuda_tensors_are_copied_into_pinned_host_memory(tmp_path):

@@ -334,6 +334,7 @@ def _in_run(entries: dict, f: str, sl: list) -> bool:
 
 
 
+@pytest.mark.campaign  # (test_dist.py loads in real gloo jobs of 1, 2 and 3 ranks in the default run)
 def test_gloo_loads(saved):
     """The 2-rank checkpoint loaded by a gloo job of 3 processes at slice size 8: each rank holds its rows and the ids
     its slice says; its training state is refused, naming both world sizes. (Threads cover the other world sizes;
