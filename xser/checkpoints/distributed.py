@@ -18,9 +18,10 @@ crash at each step leaves):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -29,7 +30,7 @@ import numpy as np
 from ..dist import Coordinator, round_, turns
 from ..errors import CheckpointError, DataError, Location
 from ..model.tables import part_of
-from ..storage.disk.commit import finish_manifest, manifest_of, new_id, now
+from ..storage.disk.commit import counts, finish_manifest, manifest_of, new_id, now
 from ..storage.formats import FORMATS
 from ..storage.fsutil import makedirs_durable, sync_files, syncfs_usable
 from ..storage.manifest import STATE_DIR, new_manifest
@@ -40,7 +41,7 @@ from ..storage.write import write
 from .common import SaveOptions, SaveReport
 from .snapshot import Snapshot, growing
 
-__all__ = ["HOOK", "refused", "save_distributed"]
+__all__ = ["HOOK", "refusing", "save_distributed"]
 
 _log = logging.getLogger("xser")
 
@@ -253,8 +254,7 @@ def _write_part(rank: int, snap: Snapshot, decision: dict, options: SaveOptions)
     ts = m.get("training_state")
     if ts is not None:
         ts = {"tree": ts["tree"], "arrays": {k[len(f"rank{rank}-"):]: e for k, e in ts["arrays"].items()}}
-    written = sum(not r.linked for i, r in enumerate(results) if i != plan.spec)
-    linked = sum(r.linked for i, r in enumerate(results) if i != plan.spec)
+    written, linked = counts(plan, results)
     return {"subs": m["subcollections"], "spec": m.get("spec"), "state": ts, "training": snap.meta["training"],
             "written": written, "linked": linked}
 
@@ -294,15 +294,23 @@ def _heard(c: Coordinator) -> None:
             c._broken = None  # type: ignore[attr-defined]
 
 
-def refused(c: Coordinator, error: BaseException, ticket: int | None = None) -> None:
-    """A rank whose snapshot failed still takes part in the first round of the save, with its error: the others
-    raise at once, naming it, instead of waiting for it until the timeout. Raises ``error`` on this rank."""
-    def fail() -> None:
-        raise error
+@contextlib.contextmanager
+def refusing(c: Coordinator | None) -> Iterator[None]:
+    """Around what a rank does before a save's first round (its snapshot, its async copy): if it fails on a rank of
+    a job, that rank still takes part in the first round, with its error, so that the others raise at once, naming
+    it, instead of waiting for it until the timeout. The error is raised on this rank either way."""
+    try:
+        yield
+    except Exception as e:
+        if c is not None and c.world_size > 1:
+            error = e
 
-    with turns(c).turn(ticket):
-        round_(c, "planning the save", fail, lambda _: None)
-    raise error  # (round_ raised it already)
+            def fail() -> None:
+                raise error
+
+            with turns(c).turn():
+                round_(c, "planning the save", fail, lambda _: None)  # (raises e again, once the round is over)
+        raise
 
 
 def save_distributed(c: Coordinator, snap: Snapshot, path: str, options: SaveOptions, *, prepare: Callable[[Any], Any],

@@ -33,7 +33,7 @@ from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
 from .asyncsave import HostBuffer, PendingSave
-from .distributed import refused, save_distributed
+from .distributed import refusing, save_distributed
 from .snapshot import Snapshot, snapshot
 from ..dist import Local, round_, turns
 
@@ -193,12 +193,8 @@ class _LockedPrepared(Prepared):
 def save_model(obj: Any, path: str, options: SaveOptions, *, name: str | None = None, training: Any = None,
                custom: Any = None, replace: Mapping[str, Any] | None = None, coordinator: Any = None) -> SaveReport:
     """``xser.save``: snapshot, then replace the newest checkpoint under the model lock."""
-    try:
+    with refusing(coordinator):
         snap = snapshot(obj, path, name=name, training=training, custom=custom, formats=options.formats, replace=replace)
-    except Exception as e:
-        if coordinator is not None and coordinator.world_size > 1:
-            refused(coordinator, e)
-        raise
     if coordinator is not None and coordinator.world_size > 1:
         with os_errors(path):
             return save_distributed(coordinator, snap, path, options, prepare=lambda whole: _LockedPrepared(
@@ -383,15 +379,11 @@ class CheckpointSaver:
             raise CheckpointError("this CheckpointSaver is closed", Location(self.path))
         self.wait()
         self._warn_about_metrics(metrics)
-        try:
+        with refusing(self.coordinator):  # the other ranks hear of a failure in the save's first round
             snap = snapshot(
                 obj, self.path, name=name, step=step, metrics=metrics, training=training, custom=custom,
                 training_state_value=training_state, formats=self.options.formats,
             )
-        except Exception as e:
-            if self.coordinator.world_size > 1:  # the other ranks hear of it in the save's first round
-                refused(self.coordinator, e)
-            raise
         if self.coordinator.world_size == 1:
             snap.refuse_parts()
         if blocking:
@@ -399,12 +391,8 @@ class CheckpointSaver:
         if self._buffer is None:
             self._buffer = HostBuffer()
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xser-save")
-        try:
+        with refusing(self.coordinator):
             snap = self._buffer.isolate(snap)
-        except Exception as e:
-            if self.coordinator.world_size > 1:
-                refused(self.coordinator, e)
-            raise
         # its place among the saves through the coordinator is taken now, in program order, not when the thread runs
         ticket = turns(self.coordinator).ticket() if self.coordinator.world_size > 1 else None
         self._pending = PendingSave(self._executor.submit(self._save, snap, ticket))
