@@ -16,7 +16,7 @@ import importlib
 import sys
 from typing import Any, Protocol
 
-__all__ = ["ADAPTERS", "LOAD", "Adapter", "adapter_for", "array_kind", "plugin", "plugin_tag", "unsaved_hint"]
+__all__ = ["ADAPTERS", "LOAD", "PLUGIN_TAGS", "Adapter", "adapter_for", "array_kind", "plugin", "plugin_tag", "unsaved_hint"]
 
 
 class Adapter(Protocol):
@@ -39,8 +39,11 @@ LOAD: contextvars.ContextVar[dict | None] = contextvars.ContextVar("xser_load", 
 
 #: (module that must already be imported, class path within it, the xser plugin that adapts it)
 _PLUGINS = (("torch", "nn.Module", "xser.torch"),)
-#: component tags that plugins register: a spec that names one imports its plugin
-_PLUGIN_TAGS = {"!TorchModule": "xser.torch"}
+#: component tags that modules above this layer register: a spec that names one imports its module (``import xser``
+#: imports none of them)
+PLUGIN_TAGS = {"!TorchModule": "xser.torch", "!AngelMatrix": "xser.interop.angel", "!DismecModel": "xser.interop.dismec",
+               "!RecisModel": "xser.interop.recis", "!SafetensorsWeights": "xser.interop.safetensors",
+               "!Ensemble": "xser.tools.ensemble"}
 #: what to do with an object of a plugin's framework that is not a component
 _UNSAVED = {
     "xser.torch": "a torch.nn.Module is saved when its class is @xser.serializable; for a module of another class (a "
@@ -51,7 +54,7 @@ _UNSAVED = {
 
 def plugin_tag(tag: str) -> bool:
     """Import the plugin that registers ``tag`` (``!TorchModule``), if one does; whether one was imported."""
-    name = _PLUGIN_TAGS.get(tag)
+    name = PLUGIN_TAGS.get(tag)
     if name is None:
         return False
     try:

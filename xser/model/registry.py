@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import attrs
 
 from ..errors import RegistryError, SpecError, did_you_mean
-from .adapters import adapter_for, plugin_tag
+from .adapters import PLUGIN_TAGS, adapter_for, plugin_tag
 
 __all__ = ["BUILTIN_ARGS", "ComponentInfo", "info_for", "lookup", "serializable", "tag_of"]
 
@@ -177,10 +177,10 @@ def lookup(tag: str, location: Any = None) -> ComponentInfo:
     if info is None and tag in BUILTIN_ARGS:
         raise SpecError(f"{tag} is one of xser's own tags (arguments: {', '.join(BUILTIN_ARGS[tag])}), not a component class; "
                         "it cannot be used here", location)
-    if info is None and plugin_tag(tag):  # a plugin's own component (!TorchModule): its plugin registers it
+    if info is None and plugin_tag(tag):  # !TorchModule, !AngelMatrix...: the module that defines it registers it
         info = _BY_TAG.get(tag)
     if info is None:
-        hint = did_you_mean(tag, list(_BY_TAG) + sorted(RESERVED_TAGS))
+        hint = did_you_mean(tag, list(_BY_TAG) + sorted(PLUGIN_TAGS) + sorted(RESERVED_TAGS))
         if not hint:  # nothing close is registered: most likely its class's module was never imported
             hint = ("; import the module that defines its class before building or loading (xser.read_params and the "
                     "xser tools need no classes)")
