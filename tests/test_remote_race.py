@@ -223,14 +223,26 @@ def run_paced(monkeypatch, savers: dict, pace) -> dict:
     return out
 
 
+def both_then_b():
+    """A pace for two savers "a" and "b": both have planned the same next commit before either commits; "b" then
+    waits a little, because moto's conditional PUT checks and writes in two steps (moto/s3/responses.py: get_object,
+    then put_object), so two PUTs in the same instant can both pass its check (never on S3 itself)."""
+    barrier = threading.Barrier(2, timeout=60)
+
+    def pace(name):
+        barrier.wait()
+        if name == "b":
+            time.sleep(0.3)
+    return pace
+
+
 def test_two_savers_one_commits(saver_where, monkeypatch):
     """Two savers from the same record: one commit; the other raises and leaves nothing behind."""
     prefix, options = saver_where
     url = f"{prefix}/two/m.yaml"
     xser.save(lin(1.0), url, storage_options=options)
-    barrier = threading.Barrier(2, timeout=60)
     out = run_paced(monkeypatch, {"a": lambda: xser.save(lin(2.0), url, storage_options=options),
-                                  "b": lambda: xser.save(lin(3.0), url, storage_options=options)}, lambda name: barrier.wait())
+                                  "b": lambda: xser.save(lin(3.0), url, storage_options=options)}, both_then_b())
     failed = [n for n, e in out.items() if e is not None]
     assert len(failed) == 1, out
     (loser,) = failed
@@ -256,8 +268,6 @@ def test_two_checkpoint_savers_rotating(saver_where, monkeypatch):
         for step in (1, 2):
             m.W[...] = step
             s.save(m, step=step)
-    barrier = threading.Barrier(2, timeout=60)
-
     def save(step):
         def go():
             mm = xser.load(url, storage_options=options)
@@ -266,7 +276,7 @@ def test_two_checkpoint_savers_rotating(saver_where, monkeypatch):
                 s.save(mm, step=step)
         return go
 
-    out = run_paced(monkeypatch, {"a": save(3), "b": save(4)}, lambda name: barrier.wait())
+    out = run_paced(monkeypatch, {"a": save(3), "b": save(4)}, both_then_b())
     assert sorted(type(e).__name__ for e in out.values() if e is not None) == ["CheckpointError"], out
     monkeypatch.undo()
     won = 3 if out["a"] is None else 4

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 import xser
 from strategies import plain
 from xser.spec import Tagged, dump, parse, read
+from xser.spec import yamlio
 from xser.spec.yamlio import MAX_NODES
 
 BAD = [
@@ -36,12 +39,24 @@ class TestParse:
         assert str(info.value) == message
 
     def test_alias_bomb_is_bounded(self):
-        """A billion-laughs document stops at MAX_NODES instead of eating memory."""
+        """A billion-laughs document is refused before any of it is converted (not after converting MAX_NODES nodes),
+        at the innermost node that expands past MAX_NODES: a6 (10^7 nodes; a5 holds about 1.1 million)."""
         lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
         for i in range(1, 12):
             lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
-        with pytest.raises(xser.SpecError, match=f"expands to more than {MAX_NODES} nodes"):
-            parse("\n".join(lines) + "\n", "bomb.yaml")
+        calls = []
+        real = yamlio._Converter.convert
+        with mock.patch.object(yamlio._Converter, "convert", lambda self, node: calls.append(1) or real(self, node)):
+            with pytest.raises(xser.SpecError) as info:
+                parse("\n".join(lines) + "\n", "bomb.yaml")
+        assert str(info.value) == f"bomb.yaml:7:5: document expands to more than {MAX_NODES} nodes (aliases nested too deeply?)"
+        assert calls == []
+
+    def test_aliases_just_under_the_limit_convert(self):
+        """The count is of the expanded document: 1 + 10 * 11 + ... nodes under MAX_NODES still load, copied."""
+        text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\na1: &a1 [" + ", ".join(["*a0"] * 10) + "]\nb: [*a1, *a1]\n"
+        tree = parse(text, "ok.yaml").tree
+        assert tree["b"] == [[["x"] * 10] * 10] * 2 and tree["b"][0] is not tree["b"][1]
 
     def test_aliases_copy(self):
         """Anchors and aliases copy values (only !Ref shares objects)."""

@@ -365,12 +365,48 @@ def _compose_quietly(text: str, fname: str | None) -> tuple[Any, YAML]:
         raise SpecError(f"nested more than {MAX_DEPTH} levels deep", Location(fname)) from None
 
 
+def _children(node: Any) -> list:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _refuse_bombs(root: Any, file: str | None) -> None:
+    """Refuse a document whose aliases expand past ``MAX_NODES`` before converting any of it: the expanded size of
+    every distinct node is counted once (aliases share their node), so a billion-laughs document is refused in
+    milliseconds, at the innermost node that expands too far. A node inside itself counts once here; the converter
+    refuses it with its own message."""
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            kids = _children(node)
+            total = 1 + sum(size.get(id(k), 1) for k in kids)
+            if total > MAX_NODES and all(size.get(id(k), 1) <= MAX_NODES for k in kids):
+                raise SpecError(f"document expands to more than {MAX_NODES} nodes (aliases nested too deeply?)",
+                                _loc(file, node))
+            size[key] = min(total, MAX_NODES + 1)
+            continue
+        if key in size or key in open_:
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in reversed(_children(node)) if id(k) not in size and id(k) not in open_)
+
+
 def parse(text: str, file: str | os.PathLike | None = None) -> Doc:
     """Parse one YAML document into a ``Doc`` (tree + locations). Empty text gives ``None``."""
     fname = None if file is None else os.fspath(file)
     node, y = _compose(text, fname)
     doc = Doc(None, fname)
     if node is not None:
+        _refuse_bombs(node, fname)
         doc.tree = _Converter(doc, y.constructor).convert(node)
     return doc
 
