@@ -130,6 +130,7 @@ def save(
     formats: dict | None = None,
     threads: int = 2,
     shards: int | None = None,
+    pack: int | bool = True,
     storage_options: Mapping[str, Any] | None = None,
     coordinator: Coordinator | None = None,
 ) -> None:
@@ -146,15 +147,19 @@ def save(
     kept and must still match the model. ``training`` and ``custom`` are JSON mappings stored
     in the manifest; xser never writes ``custom`` itself. A durable save fsyncs files and
     directories before it returns; ``durable=False`` skips that. ``threads`` files are written
-    at once. ``shards=N`` packs every array stored as npy into at most N safetensors containers
-    (``model-000000-of-00000N.safetensors``), each written by its own thread; the manifest records each
-    array's file, offset and length (a row range reads only its bytes).
+    at once. By default (``pack=True``) the small arrays (stored as npy, not cut into blocks, under 1 MiB) go into
+    packed safetensors containers (``model-000000-of-00000N.safetensors`` at the directory's root, about 64 MiB
+    each, in save order); larger ones are one ``.npy`` file each. ``pack=n`` packs the arrays under n bytes;
+    ``pack=False`` writes one ``.npy`` per array (the layout ``np.load`` reads file by file).
+    ``shards=N`` packs every array stored as npy into at most N safetensors containers, balanced by bytes,
+    each written by its own thread. The manifest records each packed array's file, offset and length (a row range
+    reads only its bytes).
     ``coordinator=xser.dist.TorchDistributed()``, called on every rank of a job: one checkpoint from all of them,
     each rank writing its own rows, id slices and a share of the replicated arrays, rank 0 committing once
     (``docs/distributed.md``); every rank returns after the commit, or every rank raises.
     """
     with options(storage_options):
-        save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards), name=name, training=training,
+        save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards, pack), name=name, training=training,
                    custom=custom, coordinator=coordinator)
 
 

@@ -33,6 +33,7 @@ class SaveOptions:
     formats: dict = attrs.field(factory=dict, converter=_mapping)
     threads: int = 2
     shards: int | None = None  # pack every npy array into at most this many safetensors containers, one writer each
+    pack: int | bool = True  # pack npy arrays under this many bytes (True: plan.PACK_BELOW; False: one .npy each)
 
 
 @attrs.frozen

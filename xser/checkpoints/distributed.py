@@ -239,7 +239,7 @@ def _write_part(rank: int, snap: Snapshot, decision: dict, options: SaveOptions)
         formats[f"{names.get(head, head)}{slash}{tail}"] = fmt
     state = None if snap.state_arrays is None else {f"rank{rank}-{k}": v for k, v in snap.state_arrays.items()}
     plan = plan_save(arrays, spec_text=snap.spec_text if rank == 0 else None, state_tree=snap.state_tree, state_arrays=state,
-                     formats=formats, blocks=options.blocks, shards=options.shards)
+                     formats=formats, blocks=options.blocks, shards=options.shards, pack=options.pack)
     plan = place(plan, decision["at"][rank], f"rank{rank:05d}")
     _step("planned")
     # durable: one syncfs for the rank's files (where it is usable: syncfs_usable) instead of one fsync each; rank 0

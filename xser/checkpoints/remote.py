@@ -85,7 +85,7 @@ def _write_remote(staging: Any, snap: Snapshot, options: SaveOptions, previous: 
     """plan -> write (each file uploaded as soon as it is complete) -> the manifest, under the staging prefix."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
-        formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
+        formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards, pack=options.pack,
     )
     threads = max(options.threads, options.shards or 0)
     staging.start(threads)  # as many uploads in flight as writer threads

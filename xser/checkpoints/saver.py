@@ -55,7 +55,7 @@ def _write_into(staging: Any, snap: Snapshot, options: SaveOptions, previous: An
     """plan -> write -> finish into a staging directory."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
-        formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards,
+        formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards, pack=options.pack,
     )
     results = write(staging.path, plan, durable=options.durable, threads=max(options.threads, options.shards or 0))
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
@@ -223,7 +223,8 @@ class CheckpointSaver:
     maps ``"subcollection/param"`` patterns to a block size (rows, or a tuple of rows and
     columns): matching parameters are stored as several files; ``formats`` maps patterns to
     weight formats (see ``xser.save``). ``threads`` writer threads write files in parallel;
-    ``shards=N`` packs the arrays into at most N safetensors containers (see ``xser.save``).
+    ``shards=N`` packs the arrays into at most N safetensors containers; ``pack`` says which small arrays are packed
+    by default (see ``xser.save``).
     The saver holds ``<model>.lock`` from construction until ``close()`` (or the end of a
     ``with`` block): a second saver on the same model gets a ``CheckpointError``.
     ``restart=True`` starts a new model: the first save replaces every existing checkpoint.
@@ -240,6 +241,7 @@ class CheckpointSaver:
         formats: Mapping[str, Any] | None = None,
         threads: int = 2,
         shards: int | None = None,
+        pack: int | bool = True,
         storage_options: Mapping[str, Any] | None = None,
         coordinator: Any = None,
     ) -> None:
@@ -252,7 +254,7 @@ class CheckpointSaver:
         if is_url(self.path):
             with options(self.storage_options):
                 self._since = [latest(store_for(self.path), self.path)[0]]
-        self.options = SaveOptions(durable, blocks, formats, threads, shards)
+        self.options = SaveOptions(durable, blocks, formats, threads, shards, pack)
         self.policy = as_policy(keep)
         self.restart = restart
         self._warned: set[tuple[str, str]] = set()

@@ -22,9 +22,18 @@ import numpy as np
 from ..errors import DataError, did_you_mean
 from .formats import FORMATS, get_format
 from .manifest import SPEC_FILE, STATE_DIR
+from .dtypes import find
 from .payloads import Bundle, FromFile, FromFiles, Lazy, Stream, identity
 
-__all__ = ["Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "place", "plan_save"]
+__all__ = ["CONTAINER_BYTES", "PACK_BELOW", "PACK_MIN_ARRAYS", "Piece", "Plan", "PlannedParam", "block_size_for", "format_for", "pack_limit",
+           "place", "plan_save"]
+
+#: by default an array stored as npy, not cut into blocks, of fewer bytes than this goes into a packed container
+PACK_BELOW = 1 << 20
+#: a default packed container is cut once it holds this many bytes (the arrays are dealt in save order)
+CONTAINER_BYTES = 64 << 20
+#: default packing packs only when a save has at least this many such small arrays (fewer files cost little)
+PACK_MIN_ARRAYS = 64
 
 
 @attrs.frozen
@@ -140,27 +149,88 @@ def _link_candidate(previous: Any, sub: str, name: str, payload: Any, fmt: str, 
     return None
 
 
-def _pack(packed: list, shards: int, pieces: list, params: list, previous: Any) -> list:
-    """Deal the packed arrays to ``min(shards, len(packed))`` containers (largest first, to the lightest one: never an
-    empty file), append one piece per container, and point the parameters' references at them."""
-    n = min(shards, len(packed))
-    names = [f"model-{i:06d}-of-{n:06d}.safetensors" for i in range(n)]
+def _deal(sizes: list[int], shards: int | None) -> tuple[int, list[int]]:
+    """(number of containers, container of each packed array). ``shards=N``: at most N containers balanced by bytes
+    (largest first, to the lightest one: never an empty file). None (default packing): in save order, a container
+    cut once it holds ``CONTAINER_BYTES``, so one model's arrays fall into the same containers save after save (an
+    unchanged container is linked to the previous checkpoint's)."""
+    if shards is None:
+        where, n, held = [], 0, 0
+        for size in sizes:
+            if held and held + size > CONTAINER_BYTES:
+                n, held = n + 1, 0
+            where.append(n)
+            held += size
+        return n + 1, where
+    n = min(shards, len(sizes))
+    if n == 1:
+        return 1, [0] * len(sizes)
     load = [0] * n
-    where = [0] * len(packed)
-    for i in sorted(range(len(packed)), key=lambda i: -math.prod(packed[i][1].shape) * np.dtype(packed[i][1].dtype).itemsize):
+    where = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         b = min(range(n), key=lambda k: (load[k], k))
         where[i] = b
-        load[b] += math.prod(packed[i][1].shape) * np.dtype(packed[i][1].dtype).itemsize
+        load[b] += sizes[i]
+    return n, where
+
+
+def _pack(packed: list, shards: int | None, pieces: list, params: list, previous: Any) -> list:
+    """Deal the packed arrays to containers (``_deal``), append one piece per container, and point the parameters'
+    references (``-1 - i``: the i-th packed array) at them."""
+    n, where = _deal([math.prod(p.shape) * np.dtype(p.dtype).itemsize for _, p in packed], shards)
+    names = [f"model-{i:06d}-of-{n:06d}.safetensors" for i in range(n)]
     first = len(pieces)
     bins: list[dict] = [{} for _ in range(n)]
     for i, (key, payload) in enumerate(packed):
         bins[where[i]][key] = payload
     for name, arrays in zip(names, bins):
         pieces.append(Piece(name, Bundle(arrays), "safetensors", {}, _file_link(previous, name)))
-    return [
-        attrs.evolve(p, pieces=tuple((first + where[-1 - r[0]], *r[1:]) if r[0] < 0 else r for r in p.pieces))
-        for p in params
-    ]
+    return _point(params, lambda r: (first + where[-1 - r[0]], *r[1:]))
+
+
+def _unpack(packed: list, pieces: list, params: list, previous: Any) -> list:
+    """Fewer small arrays than ``PACK_MIN_ARRAYS``: each in its own ``.npy`` file after all."""
+    first = len(pieces)
+    for key, item in packed:
+        sub, _, name = key.partition("/")
+        pieces.append(Piece(f"{key}.npy", item, "npy", {}, _link_candidate(previous, sub, name, item, "npy", None, None)))
+    return _point(params, lambda r: (first - 1 - r[0], None, None, None))
+
+
+def _point(params: list, ref: Any) -> list:
+    """The parameters, their references to packed arrays (``-1 - i``: the i-th) replaced by ``ref(reference)``."""
+    out = []
+    for p in params:
+        refs = p.pieces
+        if any(r[0] < 0 for r in refs):
+            p = PlannedParam(p.sub, p.name, p.dtype, p.shape, p.trainable, tuple(ref(r) if r[0] < 0 else r for r in refs), p.attrs)
+        out.append(p)
+    return out
+
+
+def pack_limit(pack: Any) -> int:
+    """The byte limit below which arrays are packed: ``pack=True`` (the default) ``PACK_BELOW``, ``False`` or 0 none
+    (one ``.npy`` file per array), an int that many bytes."""
+    if pack is True:
+        return PACK_BELOW
+    if pack is False or pack is None:
+        return 0
+    if not isinstance(pack, int) or pack < 0:
+        raise DataError(f"pack must be True, False or a byte size >= 0, got {pack!r}")
+    return pack
+
+
+_PACKABLE: dict[np.dtype, bool] = {}
+
+
+def _packable(dtype: np.dtype) -> bool:
+    """Whether default packing may put an array of this dtype in a safetensors container (safetensors has a dtype
+    for it; big-endian arrays keep their own ``.npy`` file, which holds their bytes as they are)."""
+    ok = _PACKABLE.get(dtype)
+    if ok is None:
+        d = find(dtype)
+        ok = _PACKABLE[dtype] = d is not None and d.safetensors is not None and dtype.byteorder != ">"
+    return ok
 
 
 def _file_link(previous: Any, rel: str) -> tuple | None:
@@ -188,14 +258,20 @@ def plan_save(
     blocks: Mapping[str, Any] | None = None,
     previous: Any = None,
     shards: int | None = None,
+    pack: int | bool = True,
 ) -> Plan:
     """The plan for ``arrays`` (``{sub: {param: (array | Stream | FromFile | FromFiles, trainable[, attrs])}}``).
 
-    ``shards=N`` packs every array stored as npy (the default format) into at most N safetensors
-    containers, ``model-%06d-of-%06d.safetensors``, balanced by bytes; each is one piece (one writer).
+    By default (``pack=True``) the arrays stored as npy, not cut into blocks, of fewer than ``PACK_BELOW`` bytes (a
+    safetensors dtype, not big-endian, not in Fortran order) go into packed safetensors containers,
+    ``model-%06d-of-%06d.safetensors`` of about ``CONTAINER_BYTES`` each, dealt in save order, when there are at
+    least ``PACK_MIN_ARRAYS`` of them (fewer: one ``.npy`` each); ``pack=n`` packs those under n bytes, ``pack=False``
+    none (one ``.npy`` per array). ``shards=N`` packs every array stored as npy (blocks included) into at most N
+    containers, balanced by bytes. Each container is one piece (one writer).
     """
     if shards is not None and (not isinstance(shards, int) or isinstance(shards, bool) or shards < 1):
         raise DataError(f"shards must be an int >= 1, got {shards!r}")
+    limit = pack_limit(pack)
     pieces: list[Piece] = []
     packed: list[tuple[str, Any]] = []  # (key in the container, array or Lazy): placed after every parameter is seen
     params: list[PlannedParam] = []
@@ -223,11 +299,18 @@ def plan_save(
                 pieces.append(Piece(rel, Bundle({}), fmt, options, _file_link(prev, rel)))
             pieces[at].payload.arrays[name] = item
             return PlannedParam(sub, name, dtype, shape, bool(trainable), ((at, None, None, name),))
-        if shards is not None and pack and fmt == "npy" and isinstance(item, (np.ndarray, Lazy)):
-            for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, ""):
-                refs.append((-1 - len(packed), start, bshape, rel))
-                packed.append((rel, payload))
-            return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
+        if pack and fmt == "npy" and isinstance(item, (np.ndarray, Lazy)):
+            if shards is not None:
+                for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, ""):
+                    refs.append((-1 - len(packed), start, bshape, rel))
+                    packed.append((rel, payload))
+                return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
+            if block is None and math.prod(shape) * dtype.itemsize < limit and _packable(dtype) and not (
+                    isinstance(item, np.ndarray) and item.flags.f_contiguous and not item.flags.c_contiguous):
+                # (a Fortran-ordered array keeps its .npy file, which loads it in Fortran order)
+                key = f"{sub}/{name}"
+                packed.append((key, item))
+                return PlannedParam(sub, name, dtype, shape, bool(trainable), ((-len(packed), None, None, key),))
         for rel, start, bshape, payload in _cut(f"{sub}/{name}", item, block, FORMATS[fmt].suffix):
             pfmt = payload.format if isinstance(payload, FromFile) else ("npy" if isinstance(payload, Stream) else fmt)
             link = _link_candidate(prev, sub, name, payload, pfmt, start, bshape)
@@ -255,7 +338,9 @@ def plan_save(
                 params[-1] = attrs.evolve(params[-1], attrs=dict(extra))
             if same is not None:
                 stored[(same, fmt, repr(options), block)] = params[-1]
-    if packed:
+    if packed and shards is None and len(packed) < PACK_MIN_ARRAYS:
+        params = _unpack(packed, pieces, params, previous)
+    elif packed:
         params = _pack(packed, shards, pieces, params, previous)
     spec = None
     if spec_text is not None:
