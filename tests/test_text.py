@@ -49,6 +49,33 @@ class TestFloat32Text:
         assert bit_equal(parse_float32(format_float32(v)), v)
 
 
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(list("+-0123456789.eE x")), min_size=15, max_size=15), st.integers(0, 14),
+           st.floats(width=32, allow_nan=False, allow_infinity=False))
+    def test_parser_takes_exactly_the_form(self, noise, at, x):
+        """The word-arithmetic parser accepts exactly ``[+-]d.dddddddde[+-]dd`` (any other byte anywhere: None),
+        and reads it as C does for every float32's own text (a value in between: within one float32 step)."""
+        import re
+
+        good = f"{float(np.float32(x)):+.8e}"
+        for token in (good, good[:at] + noise[at] + good[at + 1 :], "".join(noise)):
+            chars = np.frombuffer((token + " ").encode(), np.uint8).reshape(1, 16)
+            got = parse_float32(np.repeat(chars, 3, axis=0))  # several rows: the words of each are separate
+            if not re.fullmatch(r"[+-][0-9]\.[0-9]{8}e[+-][0-9]{2}", token):
+                assert got is None, token
+                continue
+            want = np.float32(float(token)) if abs(float(token)) < 3.4e38 else np.float32(np.inf) * np.sign(float(token))
+            if token == good:
+                assert bit_equal(got, np.full(3, np.float32(x))), token
+            elif np.isfinite(want):
+                assert abs(float(got[0]) - float(want)) <= float(np.spacing(np.float32(abs(want)))), token
+
+    def test_parser_exponent_range(self):
+        """Exponents up to 99 either way parse (to 0 or inf beyond float32), not out of a table's range."""
+        chars = np.frombuffer(b"+1.00000000e-99 -1.00000000e+99 +2.50000000e-45 -1.00000000e-46 ", np.uint8).reshape(4, 16)
+        assert bit_equal(parse_float32(chars), np.array([0.0, -np.inf, 3e-45, -0.0], np.float32))
+
+
 class TestFormatsInModels:
     @SETTINGS
     @given(
@@ -144,6 +171,9 @@ class TestBadText:
         (DENSE_TEXT, b"1 2 3\n4 5\n", (2, 3), ":2: 2 values on the line, 3 expected"),
         (DENSE_TEXT, b"1 2 3\n", (2, 3), ":2: 1 lines, 2 rows expected for shape (2, 3)"),
         (DENSE_TEXT, b"1 2 x\n4 5 6\n", (2, 3), ":1: not a number: 'x'"),
+        # xser's own fixed width, one separator wrong: not read as two values
+        (DENSE_TEXT, b"+1.00000000e+00x+2.00000000e+00\n", (1, 2), ":1: 1 values on the line, 2 expected"),
+        (DENSE_TEXT, b"+1.00000000e+00 +2.00000000e+00 +3.00000000e+00\n", (1, 3), None),
         (SPARSE_TEXT, b"0:1 5:2 \n\n", (2, 3), ":1: index 5 is outside 0..2"),
         (SPARSE_TEXT, b"1:1 0:2 \n\n", (2, 3), ":1: index 0 after 1: indices must ascend"),
         (SPARSE_TEXT, b"1;1\n\n", (2, 3), ":1: expected index:value, got '1;1'"),
@@ -152,6 +182,9 @@ class TestBadText:
         """Text files are checked line by line; errors name the file and line."""
         p = tmp_path / "x.txt"
         p.write_bytes(content)
+        if message is None:  # the control: the same form, right
+            assert read_file(fmt, p, np.dtype("f4"), shape, len(content), mmap=False, verify=None).tolist() == [[1, 2, 3]]
+            return
         with pytest.raises(xser.DataError) as info:
             read_file(fmt, p, np.dtype("f4"), shape, len(content), mmap=False, verify=None)
         assert str(info.value) == f"{p}{message}"
@@ -316,3 +349,26 @@ def test_vectorised_sparse_text_reader(data):
     other = [line.replace(b"e+", b"E+") for line in lines]  # another spelling: the fast path declines, the slow one reads it
     assert _sparse_fast(other, rows, cols, np.dtype(np.float32)) is None or not any(b"E+" in x for x in other)
     assert np.array_equal(SPARSE_TEXT._parse(other, rows, cols, np.dtype(np.float32), "<t>"), a)
+
+
+class TestDynetTextBytes:
+    @settings(max_examples=60, deadline=None)
+    @given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=7),
+                      elements=st.floats(width=32, allow_subnormal=True) | st.sampled_from([np.inf, -np.inf, -0.0])),
+           st.booleans(), st.sampled_from([1, 5, 1 << 18]))
+    def test_writer_is_printf_column_major(self, a, fortran, chunk):
+        """DyNet text is each value as C's %+.8e and a space, column-major, in bands of any size, from C- or
+        Fortran-ordered arrays; what it writes reads back bit for bit where every value is finite."""
+        from unittest import mock
+
+        from xser.storage.formats import dynet_codec
+
+        a = np.asfortranarray(a) if fortran else a
+        flag = "ZERO_GRAD"
+        with mock.patch.object(dynet_codec, "CHUNK_VALUES", chunk):
+            got = dynet_codec.write_dynet_text([{"kind": "Parameter", "key": "/s/W", "dims": list(a.shape), "array": a, "grad": flag}])
+        values = "".join(f"{v:+.8e} " for v in a.reshape(-1, order="F").tolist()) + "\n"
+        assert got == f"#Parameter# /s/W {{{','.join(map(str, a.shape))}}} {16 * a.size + 1} {flag}\n{values}".encode()
+        if np.isfinite(a).all():
+            (back,) = dynet_codec.parse_dynet_text(got, "x")
+            assert bit_equal(np.ascontiguousarray(back["array"]), np.ascontiguousarray(a))

@@ -9,14 +9,15 @@ float32/float64 matrices as one partition; ``dynet-text`` stores one DyNet recor
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...errors import DataError, Location, shape_str
-from ..checksums import digest_bytes
+from ..checksums import HashingWriter, digest_bytes
 from .angel_codec import ANGEL_FORMATS, decode_partition, encode_partition
-from .dynet_codec import parse_dynet_text, write_dynet_text
+from .dynet_codec import dynet_text_pieces, parse_dynet_text
 from .text import load_checked
 from .whole import DecodedWhole
 
@@ -54,12 +55,25 @@ class DynetText(_BytesFormat):
         """Finite float32 is written as %+.8e, which reads back exactly: no read-back check needed."""
         return not options and array.dtype == np.float32 and array.ndim > 0 and bool(np.isfinite(array).all())
 
+    def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
+        """Written and hashed piece by piece, as they are formatted (no whole copy of the text in memory)."""
+        pieces = self._pieces(path, array, **options)
+        first = next(pieces)  # the checks, before the file is made
+        with HashingWriter(path) as w:
+            w.write(first)
+            for piece in pieces:
+                w.write(piece)
+        return w.size, w.hexdigest()
+
     def encode(self, path: str, array: np.ndarray, **options: Any) -> bytes:
+        return b"".join(self._pieces(path, array, **options))
+
+    def _pieces(self, path: str, array: np.ndarray, **options: Any) -> Iterator[bytes]:
         if options or array.dtype.kind != "f" or array.ndim == 0:
             raise DataError(f"dynet-text stores float arrays with at least one dimension (no options), got {array.dtype} {shape_str(array.shape)}", Location(path))
         sub = os.path.basename(os.path.dirname(path))
         name = os.path.basename(path)[: -len(self.suffix)]
-        return write_dynet_text([{"kind": "Parameter", "key": f"/{sub}/{name}", "dims": list(array.shape), "array": array}])
+        return dynet_text_pieces([{"kind": "Parameter", "key": f"/{sub}/{name}", "dims": list(array.shape), "array": array}])
 
     def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
         records = parse_dynet_text(data, path)

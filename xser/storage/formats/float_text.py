@@ -6,7 +6,11 @@ sparse-text and DyNet text codecs.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+
+from ..pool import cpu_pool
 
 __all__ = ["CHUNK_VALUES", "format_float32", "parse_float32"]
 
@@ -56,34 +60,103 @@ def format_float32(values: np.ndarray, sep: int = ord(" ")) -> np.ndarray:
     return words.view(np.uint8).reshape(flat.size, 16)
 
 
-def parse_float32(chars: np.ndarray) -> np.ndarray | None:
-    """Inverse of ``format_float32`` for an (n, 15+) uint8 array; None if any entry has another form."""
-    out = np.empty(len(chars), np.float32)
-    for start in range(0, len(chars), CHUNK_VALUES):
-        part = _parse_chunk(chars[start : start + CHUNK_VALUES])
-        if part is None:
-            return None
-        out[start : start + len(part)] = part
-    return out
+def _word(chars: list[int]) -> np.uint64:
+    return np.uint64(int.from_bytes(bytes(chars), "little"))
 
 
-def _parse_chunk(chars: np.ndarray) -> np.ndarray | None:
-    c = chars[:, :15].astype(np.int16) - ord("0")
-    ok = (
-        ((chars[:, 0] == ord("+")) | (chars[:, 0] == ord("-")))
-        & (chars[:, 2] == ord(".")) & (chars[:, 11] == ord("e"))
-        & ((chars[:, 12] == ord("+")) | (chars[:, 12] == ord("-")))
-    )
-    digits = np.concatenate([c[:, 1:2], c[:, 3:11], c[:, 13:15]], axis=1)
-    if not (ok.all() and ((digits >= 0) & (digits <= 9)).all()):
+# ``%+.8e`` and a separator, as two little-endian uint64 words: byte 0 sign, 1 digit, 2 '.', 3-10 digits, 11 'e',
+# 12 sign, 13-14 digits, 15 separator (not looked at). XOR with _X makes every digit its value and every fixed
+# character 0 ('+' 0, '-' 6). A word is in the form when (y & _H) == 0 (digits below 16, fixed bytes 0, signs 0 to 6)
+# and ((y + _A) & _B) == 0 (digits below 10: +6 does not reach 16; signs 0 or 6: +2 sets bit 2 for 2 and 4 only).
+_X = (_word([0x2B, 0x30, 0x2E, 0x30, 0x30, 0x30, 0x30, 0x30]), _word([0x30, 0x30, 0x30, 0x65, 0x2B, 0x30, 0x30, 0]))
+_H = (_word([0xF9, 0xF0, 0xFF, 0xF0, 0xF0, 0xF0, 0xF0, 0xF0]), _word([0xF0, 0xF0, 0xF0, 0xFF, 0xF9, 0xF0, 0xF0, 0]))
+_A = (_word([2, 6, 0, 6, 6, 6, 6, 6]), _word([6, 6, 6, 0, 2, 6, 6, 0]))
+_B = (_word([4, 0xF0, 0, 0xF0, 0xF0, 0xF0, 0xF0, 0xF0]), _word([0xF0, 0xF0, 0xF0, 0, 4, 0xF0, 0xF0, 0]))
+# the value is m * 10**(e - 8), signed: by exponent digits + 100 (exponent negative) + 200 (value negative)
+_SCALE = np.array([s * 10.0 ** (es * e - 8) for s in (1, -1) for es in (1, -1) for e in range(100)])
+_PARSE_STEP = 1 << 15  # values per parsing chunk (in cache)
+_PARSE_BAND = 1 << 21  # values per task on the CPU threads
+
+
+def parse_float32(chars: np.ndarray, sep: int | None = None) -> np.ndarray | None:
+    """Inverse of ``format_float32`` for an (n, 15+) uint8 array; None if any entry has another form.
+
+    Byte 15 (the separator) must be ``sep``, or is not looked at (None). Each value is two uint64 words,
+    checked and turned into its 9 digits by word arithmetic (SWAR), chunk by chunk.
+    """
+    n = len(chars)
+    if chars.ndim != 2 or chars.shape[1] < 15:
         return None
-    m = np.zeros(len(chars), np.int64)
-    for k in range(9):
-        m = m * 10 + digits[:, k]
-    e = digits[:, 9].astype(np.int64) * 10 + digits[:, 10]
-    e = np.where(chars[:, 12] == ord("-"), -e, e)
-    value = m.astype(np.float64) * _P10[e - 8 + 60]
-    return np.where(chars[:, 0] == ord("-"), -value, value).astype(np.float32)
+    if chars.shape[1] != 16 or not chars.flags.c_contiguous:
+        if sep is not None:
+            return None
+        whole = np.zeros((n, 16), np.uint8)
+        whole[:, :15] = chars[:, :15]
+        chars = whole
+    words = chars.view(np.uint64)
+    out = np.empty(n, np.float32)
+    form = (_X[0], _X[1], _H[0], _H[1]) if sep is None else (_X[0], _X[1] | np.uint64(sep << 56), _H[0], _H[1] | np.uint64(0xFF << 56))
+    bands = [(a, min(n, a + _PARSE_BAND)) for a in range(0, n, _PARSE_BAND)]
+    if len(bands) > 1 and not threading.current_thread().name.startswith("xser-cpu"):  # numpy drops the GIL: bands on the CPU threads
+        rest = [cpu_pool().submit(_parse_band, words, out, a, b, form) for a, b in bands[1:]]
+        ok = _parse_band(words, out, *bands[0], form)
+        return out if all([ok] + [f.result() for f in rest]) else None
+    return out if all(_parse_band(words, out, a, b, form) for a, b in bands) else None
+
+
+def _parse_band(words: np.ndarray, out: np.ndarray, a: int, b: int, form: tuple) -> bool:
+    with np.errstate(over="ignore"):  # exponents beyond float32 give inf, as a parser would
+        for start in range(a, b, _PARSE_STEP):
+            if not _parse_words(words[start : min(b, start + _PARSE_STEP)], out[start : min(b, start + _PARSE_STEP)], *form):
+                return False
+    return True
+
+
+def _parse_words(words: np.ndarray, out: np.ndarray, x0: np.uint64, x1: np.uint64, h0: np.uint64, h1: np.uint64) -> bool:
+    U = np.uint64
+    y0 = words[:, 0] ^ x0
+    y1 = words[:, 1] ^ x1
+    bad = y0 & h0
+    t = y0 + _A[0]
+    t &= _B[0]
+    bad |= t
+    np.bitwise_and(y1, h1, out=t)
+    bad |= t
+    np.add(y1, _A[1], out=t)
+    t &= _B[1]
+    bad |= t
+    if bad.any():
+        return False
+    z = y0 >> U(24)  # the 8 digits after the point, first digit in the low byte
+    np.left_shift(y1, U(40), out=t)
+    z |= t
+    z *= U(2561)  # pairs of digits
+    z >>= U(8)
+    z &= U(0x00FF00FF00FF00FF)
+    z *= U(6553601)  # fours
+    z >>= U(16)
+    z &= U(0x0000FFFF0000FFFF)
+    z *= U(42949672960001)  # eight
+    z >>= U(32)
+    np.right_shift(y0, U(8), out=t)  # the digit before the point
+    t &= U(0xFF)
+    t *= U(100_000_000)
+    z += t
+    e = y1 >> U(40)  # exponent digits, then the scale's index
+    e &= U(0x0F0F)
+    e *= U(2561)
+    e >>= U(8)
+    e &= U(0xFF)
+    np.right_shift(y1, U(33), out=t)
+    t &= U(1)
+    t *= U(100)
+    e += t
+    np.right_shift(y0, U(1), out=t)
+    t &= U(1)
+    t *= U(200)
+    e += t
+    np.multiply(z.astype(np.float64), _SCALE[e.view(np.int64)], out=out, casting="same_kind")
+    return True
 
 
 def decimal_digits(v: np.ndarray) -> np.ndarray:

@@ -90,7 +90,9 @@ class _TextFormat:
         return size, h.hexdigest()
 
     def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
-        data = load_checked(f, where, size, verify)
+        return self._read_data(load_checked(f, where, size, verify), where, dtype, shape)
+
+    def _read_data(self, data: bytes, where: str, dtype: np.dtype, shape: tuple) -> np.ndarray:
         rows, cols = _rows(shape)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
@@ -179,6 +181,24 @@ def load_checked(f: BinaryIO, where: str, size: int, verify: Any) -> bytes:
     return data
 
 
+def load_checked_array(f: BinaryIO, where: str, size: int, verify: Any) -> np.ndarray:
+    """``load_checked`` into a writable uint8 array (read straight into it)."""
+    actual = file_size(f)
+    if actual != size:
+        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
+    f.seek(0)
+    out = np.empty(size, np.uint8)
+    view, got = memoryview(out), 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise DataError(f"file ends after {got} of its {size} bytes (truncated while read?)", Location(where))
+        got += n
+    if verify is not None:
+        check_digest(verify, digest_bytes(out, verify[0]), where)
+    return out
+
+
 def _number(token: bytes, path: str, line: int) -> float:
     try:
         return float(token)
@@ -196,6 +216,18 @@ def _dense_rows(block: np.ndarray) -> bytes:
     text = chars.reshape(block.shape[0], block.shape[1], 16)
     text[:, -1, 15] = ord("\n")
     return text.tobytes()
+
+
+def _dense_fast(raw: np.ndarray, rows: int, cols: int) -> np.ndarray | None:
+    """float32 rows in the form xser writes (``%+.8e``, one space between values, a newline after each row),
+    ``rows * cols * 16`` bytes in a writable array (each row's newline is made a space here); None for any other form."""
+    cells = raw.reshape(rows, cols, 16)
+    if not (cells[:, -1, 15] == 10).all():
+        return None
+    cells[:, -1, 15] = 32
+    out = parse_float32(cells.reshape(-1, 16), sep=32)
+    cells[:, -1, 15] = 10
+    return out
 
 
 class DenseText(_TextFormat):
@@ -229,10 +261,19 @@ class DenseText(_TextFormat):
             for start in range(0, r, 4096):
                 yield "".join(" ".join(_special(x) for x in row) + "\n" for row in rows[start : start + 4096].tolist()).encode()
 
+    def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
+        rows, cols = _rows(shape)
+        if dtype == np.float32 and cols and size == 16 * rows * cols:  # maybe xser's own form: parsed in place, no lines
+            raw = load_checked_array(f, where, size, verify)
+            fast = _dense_fast(raw, rows, cols)
+            if fast is not None:
+                return fast.reshape(shape)
+            return self._read_data(raw.tobytes(), where, dtype, shape)
+        return super().read(f, where, dtype, shape, size, mmap=mmap, verify=verify)
+
     def _parse(self, lines: list[bytes], rows: int, cols: int, dtype: np.dtype, path: str, line0: int = 0) -> np.ndarray:
         if dtype == np.float32 and cols and all(len(line) == 16 * cols - 1 for line in lines):
-            raw = np.frombuffer(b"\n".join(lines) + b"\n", np.uint8).reshape(-1, 16)
-            fast = parse_float32(raw)
+            fast = _dense_fast(np.frombuffer(bytearray(b"\n".join(lines) + b"\n"), np.uint8), rows, cols)
             if fast is not None:
                 return fast
         for i, line in enumerate(lines):
