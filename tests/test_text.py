@@ -372,3 +372,82 @@ class TestDynetTextBytes:
         if np.isfinite(a).all():
             (back,) = dynet_codec.parse_dynet_text(got, "x")
             assert bit_equal(np.ascontiguousarray(back["array"]), np.ascontiguousarray(a))
+
+
+class TestAngelBinaryBands:
+    @settings(max_examples=40, deadline=None)
+    @given(st.sampled_from(["value-binary", "colid-value-binary", "rowid-colid-value-binary", "binary-column"]),
+           st.sampled_from([np.float32, np.float64]).flatmap(lambda dt: hnp.arrays(
+               dt, st.tuples(st.integers(1, 6), st.integers(1, 6)), elements=st.floats(width=32 if dt == np.float32 else 64)
+               | st.just(-0.0))),
+           st.sampled_from([1, 4, 1 << 18]))
+    def test_bands_are_the_codecs_bytes(self, tmp_path_factory, name, a, band):
+        """Written in bands of any size, a binary layout is byte for byte what the Angel codec encodes; it reads back bit
+        for bit in bands (checksum checked), and a checksum that does not match is an error."""
+        from unittest import mock
+
+        from xser.storage.checksums import digest_bytes
+        from xser.storage.formats import external
+
+        fmt = external.EXTERNAL()[name]
+        p = tmp_path_factory.mktemp("angel") / "x.bin"
+        with mock.patch.object(external, "_BAND", band):
+            size, digest = fmt.write(str(p), a)
+            data = p.read_bytes()
+            assert data == fmt.encode(str(p), a) and (size, digest) == (len(data), digest_bytes(data))
+            back = read_file(fmt, p, a.dtype, a.shape, size, mmap=False, verify=("xxh3_64", digest))
+            assert bit_equal(back, a)
+            with pytest.raises(xser.DataError, match="checksum mismatch"):
+                read_file(fmt, p, a.dtype, a.shape, size, mmap=False, verify=("xxh3_64", "0" * 16))
+
+    @pytest.mark.parametrize("name", ["colid-value-binary", "rowid-colid-value-binary", "binary-column"])
+    def test_ids_out_of_order_are_placed_by_id(self, tmp_path, name):
+        """Records whose ids are not in xser's order go through the general reader, which places them by id."""
+        from xser.storage.formats import external
+
+        fmt = external.EXTERNAL()[name]
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        rec = np.frombuffer(fmt.encode("x", a), fmt._records(a.shape, 4)).copy()
+        if name == "binary-column":
+            rec = rec[::-1].copy()  # columns 2, 1, 0
+        else:
+            rec["c"] = rec["c"].reshape(2, 3)[:, ::-1].reshape(-1)  # columns listed backwards, values kept with them
+            rec["v"] = rec["v"].reshape(2, 3)[:, ::-1].reshape(-1)
+        p = tmp_path / "x.bin"
+        p.write_bytes(rec.tobytes())
+        assert bit_equal(read_file(fmt, p, np.dtype(np.float32), a.shape, p.stat().st_size, mmap=False, verify=None), a)
+
+
+class TestDecimalParser:
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+        st.floats(width=32, allow_nan=False, allow_infinity=False).map(lambda x: f"{x:.6g}"),
+        st.floats(allow_nan=False, allow_infinity=False).map(lambda x: f"{x:.17E}"),
+        st.integers(-(2**62), 2**62).map(str),
+        st.text("0123456789.-Ee", min_size=1, max_size=6),  # mostly not numbers: the whole text is then refused
+    ), min_size=1, max_size=40), st.integers(1, 64))
+    def test_same_as_c(self, tokens, chunk):
+        """Space-separated decimals parse to exactly the doubles C's strtod gives (Python's float), in chunks of any
+        size; a text with any token outside ``-?d+(.d+)?(E-?d+)?`` gives None."""
+        import re
+        from unittest import mock
+
+        from xser.storage.formats import decimal_text
+
+        text = " ".join(tokens).replace("e+", "e").replace("E+", "E")
+        tokens = text.split(" ")
+        with mock.patch.object(decimal_text, "_CHUNK", chunk):
+            got = decimal_text.parse_decimals(text.encode())
+        if all(re.fullmatch(r"-?[0-9]+(\.[0-9]+)?([eE]-?[0-9]+)?", t) for t in tokens):
+            want = np.array([float(t) for t in tokens])
+            assert got is not None and got.tobytes() == want.tobytes(), text
+        else:
+            assert got is None, text
+
+    @pytest.mark.parametrize("text", [b"", b" 1", b"1 ", b"1  2", b"1,2", b"nan", b"1e5.0", b"1.5.2", b"--1", b"1-2", b"1E", b".5", b"5."])
+    def test_refused(self, text):
+        from xser.storage.formats.decimal_text import parse_decimals
+
+        got = parse_decimals(text)
+        assert (got is not None and got.size == 0) if text == b"" else got is None

@@ -224,6 +224,7 @@ def _mean_chunk(
     the same bits, and return the first checkpoint's bits."""
     same = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
     first = None
+    src0 = None
     for i, (src_iter, w) in enumerate(zip(sources, wts)):
         piece = next(src_iter)
         bits = piece.view(np.uint8)
@@ -238,7 +239,13 @@ def _mean_chunk(
         # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
         # multiply a float32 piece by a float64 scalar weight in float32
         if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-            np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
+            if unit and len(sources) > 1:
+                src0 = src  # its buffer is the first checkpoint's own: added to the second one's in one pass
+            else:
+                np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
+        elif src0 is not None:  # widened and added in one pass: the same sum as a copy, then an add
+            np.add(src0, src, out=a, dtype=a.dtype)
+            src0 = None
         elif unit:
             np.add(a, src, out=a, dtype=a.dtype)
         else:
@@ -263,6 +270,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
     unit = all(w == 1.0 for w in weights)
 
     acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
+    fused = dtype.kind == "f" and tag_of(dtype) is None  # round_into is a plain cast for these
 
     def chunks():
         wts = [acc_real.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision
@@ -283,11 +291,13 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                 a = _real_parts(acc[:m])
                 with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
                     same, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit, conv)
-                    if total != 1.0:
-                        np.divide(a, acc_real.type(total), out=a)
                     if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
                         out[:m].view(np.uint8)[:] = first
+                    elif fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
+                        np.divide(a, acc_real.type(total), out=out[:m], dtype=acc_dtype, casting="unsafe")
                     else:
+                        if total != 1.0:
+                            np.divide(a, acc_real.type(total), out=a)
                         round_into(out[:m], acc[:m])
                 advance(m * dtype.itemsize * len(sources))
                 if progress is not None:

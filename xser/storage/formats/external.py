@@ -15,10 +15,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ...errors import DataError, Location, shape_str
-from ..checksums import HashingWriter, digest_bytes
+from ..checksums import CHECKSUMS, HashingWriter, digest_bytes
+from ..checksums import verify as check_digest
+from ..fsutil import file_size
 from .angel_codec import ANGEL_FORMATS, decode_partition, encode_partition
 from .dynet_codec import dynet_text_pieces, parse_dynet_text
-from .text import load_checked
+from .whole import load_checked
 from .whole import DecodedWhole
 
 __all__ = ["EXTERNAL"]
@@ -102,12 +104,113 @@ class AngelFormat(_BytesFormat):
         return array.dtype.kind == "f" and bool(np.isfinite(array).all())
 
     def encode(self, path: str, array: np.ndarray, sep: str = ",", **options: Any) -> bytes:
-        if options:
+        self._check(path, array, options)
+        r, c = array.shape
+        return encode_partition(array, 0, r, 0, c, self.name, array.dtype.itemsize == 4, sep)
+
+    def _check(self, path: str, array: np.ndarray, options: dict) -> None:
+        if set(options) - {"sep"}:
             raise DataError(f"{self.name} takes only sep, got {sorted(options)}", Location(path))
         if array.ndim != 2 or array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
             raise DataError(f"{self.name} stores 2-D float32 or float64 matrices, got {array.dtype} {shape_str(array.shape)}", Location(path))
-        r, c = array.shape
-        return encode_partition(array, 0, r, 0, c, self.name, array.dtype.itemsize == 4, sep)
+
+    def _records(self, shape: tuple, itemsize: int) -> np.dtype:
+        """The record of a binary layout for a whole dense matrix (int column ids, big-endian)."""
+        vt = np.dtype(">f4" if itemsize == 4 else ">f8")
+        if self.name == "binary-column":
+            return np.dtype([("c", ">i4"), ("v", vt, (shape[0],))])
+        return np.dtype({"value-binary": [], "colid-value-binary": [("c", ">i4")],
+                         "rowid-colid-value-binary": [("r", ">i4"), ("c", ">i4")]}[self.name] + [("v", vt)])
+
+    def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
+        """Binary layouts are written and hashed in bands of records as they are made (what ``encode`` gives, without
+        the whole file in memory); text layouts through ``encode``."""
+        if "binary" not in self.name or array.ndim != 2 or 0 in array.shape:
+            return super().write(path, array, known, **options)
+        self._check(path, array, options)
+        with HashingWriter(path) as w:
+            for band in self._binary_bands(array):
+                w.write(band)
+        return w.size, w.hexdigest()
+
+    def _binary_bands(self, a: np.ndarray) -> Iterator[np.ndarray]:
+        rows, cols = a.shape
+        rec = self._records(a.shape, a.dtype.itemsize)
+        if self.name == "binary-column":  # a record per column: the column id, then the column's values
+            step = max(1, _BAND // max(1, rows))
+            for j in range(0, cols, step):
+                band = np.empty(min(step, cols - j), rec)
+                band["c"] = np.arange(j, j + band.size)
+                band["v"] = a[:, j : j + band.size].T
+                yield band.view(np.uint8)
+            return
+        step = max(1, _BAND // cols)
+        col_ids = np.tile(np.arange(cols, dtype=">i4"), min(step, rows)) if "c" in rec.names else None
+        for i in range(0, rows, step):
+            part = a[i : i + step]
+            if rec.names == ("v",):
+                yield part.astype(rec["v"]).view(np.uint8)
+                continue
+            band = np.empty(part.size, rec)
+            band["c"] = col_ids[: part.size]
+            if "r" in rec.names:
+                band["r"] = np.repeat(np.arange(i, i + part.shape[0], dtype=">i4"), cols)
+            band["v"] = part.reshape(-1)
+            yield band.view(np.uint8)
+
+    def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
+        """A binary layout of a whole matrix in xser's order (ids ascending, every element) is read in bands into
+        the result, its ids checked band by band; anything else is decoded record by record (``decode``)."""
+        if "binary" in self.name and len(shape) == 2 and 0 not in shape and np.dtype(dtype).kind == "f":
+            out = self._read_in_order(f, where, np.dtype(dtype), tuple(shape), size, verify)
+            if out is not None:
+                return out
+        return super().read(f, where, dtype, shape, size, mmap=mmap, verify=verify)
+
+    def _read_in_order(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, verify: Any) -> np.ndarray | None:
+        rows, cols = shape
+        rec = self._records(shape, dtype.itemsize)
+        n = cols if self.name == "binary-column" else rows * cols
+        if size != n * rec.itemsize or file_size(f) != size:
+            return None  # the general reader names what is wrong
+        out = np.empty(shape, dtype.newbyteorder("="))
+        h = CHECKSUMS[verify[0]]() if verify is not None else None
+        f.seek(0)
+        if rec.names == ("v",):  # values only: read straight into the result, then swap the bytes in place
+            flat = out.reshape(-1)
+            for i in range(0, n, _BAND):
+                part = flat[i : i + _BAND]
+                if not _fill(f, part.view(np.uint8)):
+                    return None
+                if h is not None:
+                    h.update(part)
+                part.byteswap(inplace=True)
+        else:
+            step = max(1, _BAND // (rows if self.name == "binary-column" else 1))
+            if self.name != "binary-column":
+                step = max(cols, step - step % cols)  # whole rows
+            buf = np.empty(step, rec)
+            for i in range(0, n, step):
+                band = buf[: min(step, n - i)]
+                if not _fill(f, band.view(np.uint8)):
+                    return None
+                if h is not None:
+                    h.update(band.view(np.uint8))
+                if self.name == "binary-column":
+                    if not (band["c"] == np.arange(i, i + band.size)).all():
+                        return None
+                    out[:, i : i + band.size] = band["v"].T
+                    continue
+                k = band.size // cols
+                ids = band["c"].reshape(k, cols)
+                if not (ids == np.arange(cols)).all():
+                    return None
+                if "r" in rec.names and not (band["r"].reshape(k, cols) == np.arange(i // cols, i // cols + k)[:, None]).all():
+                    return None
+                out.reshape(-1)[i : i + band.size] = band["v"]
+        if h is not None:
+            check_digest(verify, h.hexdigest(), where)
+        return out
 
     def decode(self, path: str, data: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
         if len(shape) != 2:
@@ -121,6 +224,20 @@ class AngelFormat(_BytesFormat):
         vdtype = np.dtype(">f4") if np.dtype(dtype).itemsize == 4 else np.dtype(">f8")
         decode_partition(out, pm, data, self.name, vdtype, False, path)
         return out
+
+
+_BAND = 1 << 18  # values per band of a binary layout (in cache)
+
+
+def _fill(f: BinaryIO, view: np.ndarray) -> bool:
+    """Read exactly ``view``'s bytes; False if the file ends first."""
+    mv, got = memoryview(view), 0
+    while got < view.size:
+        k = f.readinto(mv[got:])
+        if not k:
+            return False
+        got += k
+    return True
 
 
 def _external() -> dict[str, Any]:

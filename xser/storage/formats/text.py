@@ -26,9 +26,10 @@ import numpy as np
 
 from ...errors import DataError, Location, shape_str
 from ..fsutil import file_size
-from ..checksums import CHECKSUMS, HashingWriter, digest_bytes, digest_stream
+from ..checksums import CHECKSUMS, HashingWriter, digest_stream
 from ..checksums import verify as check_digest
 from ..pool import cpu_pool
+from .whole import load_checked, load_checked_array
 from .float_text import CHUNK_VALUES, _sparse_block, _sparse_fast, format_float32, parse_float32
 
 __all__ = ["DENSE_TEXT", "SPARSE_TEXT", "format_float32"]
@@ -166,36 +167,6 @@ def _take(parts: list[list[bytes]], n: int) -> list[bytes]:
     out = [ln for p in parts for ln in p][:n]
     if len(out) != n:
         raise DataError(f"the file ends after {len(out)} of the {n} rows asked for")
-    return out
-
-
-def load_checked(f: BinaryIO, where: str, size: int, verify: Any) -> bytes:
-    """A whole open file, after checking its size against the manifest (and its checksum if asked)."""
-    actual = file_size(f)
-    if actual != size:
-        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
-    f.seek(0)
-    data = f.read()
-    if verify is not None:
-        check_digest(verify, digest_bytes(data, verify[0]), where)
-    return data
-
-
-def load_checked_array(f: BinaryIO, where: str, size: int, verify: Any) -> np.ndarray:
-    """``load_checked`` into a writable uint8 array (read straight into it)."""
-    actual = file_size(f)
-    if actual != size:
-        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
-    f.seek(0)
-    out = np.empty(size, np.uint8)
-    view, got = memoryview(out), 0
-    while got < size:
-        n = f.readinto(view[got:])
-        if not n:
-            raise DataError(f"file ends after {got} of its {size} bytes (truncated while read?)", Location(where))
-        got += n
-    if verify is not None:
-        check_digest(verify, digest_bytes(out, verify[0]), where)
     return out
 
 

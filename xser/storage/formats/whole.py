@@ -9,10 +9,10 @@ import numpy as np
 
 from ...errors import DataError, Location
 from ..fsutil import file_size
-from ..checksums import digest_stream
+from ..checksums import digest_bytes, digest_stream
 from ..checksums import verify as check_digest
 
-__all__ = ["DecodedWhole", "check_file"]
+__all__ = ["DecodedWhole", "check_file", "load_checked", "load_checked_array"]
 
 
 class DecodedWhole:
@@ -35,3 +35,33 @@ def check_file(f: BinaryIO, where: str, size: int, verify: Any) -> None:
     if verify is not None:
         f.seek(0)
         check_digest(verify, digest_stream(f, verify[0])[1], where)
+
+
+def load_checked(f: BinaryIO, where: str, size: int, verify: Any) -> bytes:
+    """A whole open file, after checking its size against the manifest (and its checksum if asked)."""
+    actual = file_size(f)
+    if actual != size:
+        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
+    f.seek(0)
+    data = f.read()
+    if verify is not None:
+        check_digest(verify, digest_bytes(data, verify[0]), where)
+    return data
+
+
+def load_checked_array(f: BinaryIO, where: str, size: int, verify: Any) -> np.ndarray:
+    """``load_checked`` into a writable uint8 array (read straight into it)."""
+    actual = file_size(f)
+    if actual != size:
+        raise DataError(f"file has {actual} bytes, manifest says {size} (truncated or replaced?)", Location(where))
+    f.seek(0)
+    out = np.empty(size, np.uint8)
+    view, got = memoryview(out), 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise DataError(f"file ends after {got} of its {size} bytes (truncated while read?)", Location(where))
+        got += n
+    if verify is not None:
+        check_digest(verify, digest_bytes(out, verify[0]), where)
+    return out
