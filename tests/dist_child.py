@@ -335,6 +335,12 @@ def serve(rank: int) -> None:
     import torch.distributed  # noqa: F401 - once, before any fork
 
     import crash_child  # noqa: F401 - the same, for kills at a filesystem call
+    # ``import xser`` is lazy: what a save and a load use is imported here, before any fork, or each forked rank would
+    # import it inside its first timed round (seconds on a loaded machine, past the tests' short timeouts)
+    import xser.api  # noqa: F401
+    import xser.checkpoints.distributed  # noqa: F401
+    import xser.tools.reader  # noqa: F401
+    import xser.tools.ranks  # noqa: F401
 
     print(json.dumps({"ready": rank}), flush=True)
     hosts: list[int] = []  # the stores of the last phase's jobs: they serve until every rank's phase is over
