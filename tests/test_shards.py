@@ -145,3 +145,67 @@ class TestPacking:
         assert len(containers(path)) == min(n, shards)
         back = xser.params(xser.load(path))
         assert all(bit_equal(back[k], a) for k, a in arrays.items())
+
+
+class TestDefaultPacking:
+    """Without shards=, a save packs its small arrays when it has at least PACK_MIN_ARRAYS of them (issue 23)."""
+
+    def arrays(self, n: int) -> dict:
+        out = {f"p{i}": np.full((2, 3), i, np.float32) for i in range(n)}
+        out["big"] = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: not under PACK_BELOW, its own .npy
+        out["fortran"] = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+        out["big_endian"] = np.arange(3, dtype=">i4")
+        return out
+
+    def test_small_arrays_packed_in_save_order(self, tmp_path, monkeypatch):
+        """64 small arrays: in containers cut at CONTAINER_BYTES, in save order; the others keep their .npy; a second
+        save links the unchanged containers; load, mmap, verify and rows give the bits."""
+        from xser.storage import plan
+
+        monkeypatch.setattr(plan, "CONTAINER_BYTES", 24 * 20)  # 20 arrays of 24 bytes per container
+        arrays = self.arrays(64)
+        leaf = leaf_of(arrays)
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, durable=False)
+        sub = xser.params(leaf).name
+        assert containers(path) == [f"model-{i:06d}-of-000004.safetensors" for i in range(4)]
+        assert sorted(os.listdir(f"{path}.data/{sub}")) == ["big.npy", "big_endian.npy", "fortran.npy"]
+        entries = json.loads(Path(path + ".data/manifest.json").read_text())["subcollections"][sub]
+        assert [entries[f"p{i}"]["blocks"][0]["file"][:12] for i in (0, 19, 20, 63)] == ["model-000000", "model-000000",
+                                                                                       "model-000001", "model-000003"]
+        for mmap, verify in [(False, False), (True, False), (False, True)]:
+            got = xser.read_params(path, mmap=mmap, verify=verify)[sub]
+            assert list(got) == list(arrays) and all(bit_equal(got[k], a) for k, a in arrays.items())
+        assert bit_equal(xser.read_params(path, rows={f"{sub}/p5": (1, 2)})[sub]["p5"], arrays["p5"][1:])
+        with xser.CheckpointSaver(path, keep=2, durable=False) as saver:
+            saver.save(leaf, step=1)
+            xser.params(leaf)["p63"][...] = 7
+            report = saver.save(leaf, step=2)
+        assert (report.written, report.linked) == (1, 6)  # the last container; three containers and three .npy linked
+
+    def test_pack_false_and_few_arrays_keep_one_npy_each(self, tmp_path):
+        """pack=False: the layout np.load reads file by file; fewer than 64 small arrays: the same without asking."""
+        for n, pack in [(64, False), (63, True)]:
+            arrays = self.arrays(n)
+            leaf = leaf_of(arrays)
+            path = str(tmp_path / f"m{n}.yaml")
+            xser.save(leaf, path, durable=False, pack=pack)
+            sub = xser.params(leaf).name
+            assert containers(path) == []
+            assert bit_equal(np.load(f"{path}.data/{sub}/p{n - 1}.npy"), arrays[f"p{n - 1}"])
+
+    def test_pack_threshold_and_bad_pack(self, tmp_path):
+        arrays = self.arrays(64)
+        leaf = leaf_of(arrays)
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, durable=False, pack=2 << 20)  # "big" (1 MiB) is packed too
+        assert os.listdir(f"{path}.data/{xser.params(leaf).name}") and "big.npy" not in os.listdir(f"{path}.data/{xser.params(leaf).name}")
+        with pytest.raises(xser.DataError, match=r"^pack must be True, False or a byte size >= 0, got -1$"):
+            xser.save(leaf, path, durable=False, pack=-1)
+
+    def test_formats_patterns_exact_and_glob_in_order(self):
+        """Patterns: the first in order wins, exact keys found without trying each pattern."""
+        from xser.storage.plan import Patterns, format_for
+
+        pats = Patterns({"s/a": "dense-text", "s/*": "sparse-text", "s/b": "npy"})
+        assert [format_for(pats, k)[0] for k in ("s/a", "s/b", "s/c", "t/a")] == ["dense-text", "sparse-text", "sparse-text", "npy"]

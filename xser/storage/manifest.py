@@ -21,7 +21,9 @@ from .. import _version
 from ..errors import DataError, Location, did_you_mean
 from .checksums import CHECKSUMS
 from .formats import FORMATS, get_format
-from .formats.npy import describe_dtype, parse_dtype
+from .formats.npy import parse_dtype
+from .manifest_json import descr as _descr
+from .manifest_json import render_manifest
 
 __all__ = [
     "FORMAT_VERSION",
@@ -135,7 +137,7 @@ def block_json(
 
 
 def param_json(dtype: np.dtype, shape: tuple, trainable: bool, blocks: list[dict], attrs: dict | None = None) -> dict:
-    out = {"dtype": describe_dtype(dtype), "shape": [int(s) for s in shape], "trainable": bool(trainable), "blocks": blocks}
+    out = {"dtype": _descr(dtype), "shape": [int(s) for s in shape], "trainable": bool(trainable), "blocks": blocks}
     if attrs:
         out["attrs"] = attrs
     return out
@@ -155,30 +157,6 @@ def new_manifest(meta: Mapping[str, Any], *, id: str, model: str, created: str) 
         "training": dict(meta.get("training") or {}),
         "custom": dict(meta.get("custom") or {}),
     }
-
-
-def render_manifest(manifest: dict) -> str:
-    """JSON with one line per parameter entry: diffable and readable by eye."""
-    enc = lambda v: json.dumps(v, ensure_ascii=False, allow_nan=True)  # noqa: E731
-    lines = ["{"]
-    for key, value in manifest.items():
-        if key != "subcollections":
-            lines.append(f"  {enc(key)}: {enc(value)},")
-    subs = manifest["subcollections"]
-    lines.append('  "subcollections": {' + ("" if subs else "}"))
-    for i, (sub, params) in enumerate(subs.items()):
-        end = "," if i < len(subs) - 1 else ""
-        if not params:
-            lines.append(f"    {enc(sub)}: {{}}{end}")
-            continue
-        lines.append(f"    {enc(sub)}: {{")
-        for j, (pname, entry) in enumerate(params.items()):
-            lines.append(f"      {enc(pname)}: {enc(entry)}" + ("," if j < len(params) - 1 else ""))
-        lines.append("    }" + end)
-    if subs:
-        lines.append("  }")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- reading
@@ -227,13 +205,14 @@ def check_manifest(m: Any, mpath: str) -> Manifest:
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise _bad(f"'step' must be an int or null, got {step!r}", mpath)
     entries: dict[str, dict[str, ParamEntry]] = {}
+    names: dict[str, str] = {}  # file names checked already (a packed container is named by many blocks)
     for sub, params in subs.items():
         _check_name(sub, mpath)
         if "/" in sub or not isinstance(params, dict):
             raise _bad(f"subcollection {sub!r} must map parameter names to entries", mpath)
-        entries[sub] = {}
+        entries[sub] = here = {}
         for pname, e in params.items():
-            entries[sub][pname] = _entry(sub, pname, e, mpath)
+            here[pname] = _entry(sub, pname, e, mpath, names)
     spec = None
     if "spec" in m:
         spec = _spec_block(m["spec"], mpath)
@@ -274,14 +253,29 @@ def _ranks(m: dict, mpath: str) -> tuple:
     return tuple(out)
 
 
-def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(descr: Any) -> np.dtype:
+    """``parse_dtype``, remembered for plain string descrs."""
+    if type(descr) is str:
+        got = _DTYPES.get(descr)
+        if got is None:
+            got = parse_dtype(descr)
+            if len(_DTYPES) < 4096:
+                _DTYPES[descr] = got
+        return got
+    return parse_dtype(descr)
+
+
+def _entry(sub: str, pname: Any, e: Any, mpath: str, names: dict | None = None) -> ParamEntry:
     where = f"{sub}/{pname}"
     if not isinstance(pname, str) or not pname or "/" in pname:
         raise _bad(f"{where}: parameter names are non-empty strings without '/'", mpath)
     if not isinstance(e, dict):
         raise _bad(f"{where}: entry must be a mapping", mpath)
     try:
-        dtype = parse_dtype(e["dtype"])
+        dtype = _dtype(e["dtype"])
         if not isinstance(e["shape"], list):
             raise ValueError(f"bad shape {e['shape']!r}")
         shape = tuple(e["shape"])
@@ -290,7 +284,7 @@ def _entry(sub: str, pname: Any, e: Any, mpath: str) -> ParamEntry:
         blocks = e["blocks"]
         if not isinstance(blocks, list) or not blocks:
             raise ValueError("blocks must be a non-empty list")
-        parsed = tuple(_check_block(b, shape, mpath) for b in blocks)
+        parsed = tuple(_check_block(b, shape, mpath, names) for b in blocks)
         check_tiling(parsed, shape)
         trainable = e.get("trainable", True)
         if not isinstance(trainable, bool):
@@ -344,7 +338,7 @@ def _spec_block(b: Any, mpath: str) -> Block:
 _BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key", "offset", "length"} | set(CHECKSUMS))
 
 
-def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
+def _check_block(b: Any, shape: tuple, mpath: str, names: dict | None = None) -> Block:
     if not isinstance(b, dict):
         raise ValueError("a block must be a mapping")
     if not b.keys() <= _BLOCK_KEYS:
@@ -382,7 +376,12 @@ def _check_block(b: Any, shape: tuple, mpath: str) -> Block:
             raise ValueError(f"offset and length must be non-negative ints, got {offset!r} and {length!r}")
         if offset + length > size:
             raise ValueError(f"bytes {offset}..{offset + length} lie outside the file's {size}")
-    return Block(_check_name(b["file"], mpath), fmt, size, (algo, digest.lower()), start, bshape, key, offset, length)
+    file = b["file"]
+    if names is None or type(file) is not str or file not in names:
+        file = _check_name(file, mpath)
+        if names is not None:
+            names[file] = file
+    return Block(file, fmt, size, (algo, digest.lower()), start, bshape, key, offset, length)
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,6 @@ from ..errors import DataError, Location, did_you_mean
 from .checksums import digest_bytes
 from .checksums import verify as check_digest
 from .formats import get_format
-from .progress import advance
 from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
@@ -37,9 +36,10 @@ from .disk.dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, Missin
 from .fsutil import file_size, mappable, pread_into, require_regular
 from .disk.lock import pin as pin_dir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
-from .pool import pool
+from .batched import Done, read_many, stop
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather", "stop"]
+_Done = Done  # (the name other modules knew it by)
 
 _VERIFY_LOCK = threading.Lock()
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
@@ -286,21 +286,10 @@ class OpenedDir(DirHandle):
 
     def read_many(
         self, entries: Iterable[ParamEntry], *, mmap: bool = False, verify: bool = False, rows: dict | None = None
-    ) -> dict[tuple[str, str], Future]:
-        """Start reading several parameters at once; returns futures keyed by (subcol, name)."""
-        out: dict[tuple[str, str], Future] = {}
-        rows = rows or {}
-        for e in entries:
-            r = rows.get(f"{e.subcol}/{e.name}")
-            if mmap and not verify and r is None:  # mapping is fast: done here, no thread
-                try:
-                    arr = self._map_npy(e) if _quick(e) else None
-                    out[(e.subcol, e.name)] = _Done(arr if arr is not None else self.read(e, mmap=True))
-                except BaseException as err:
-                    out[(e.subcol, e.name)] = _Done(None, err)
-            else:
-                out[(e.subcol, e.name)] = pool().submit(_reported, self.read, e, mmap=mmap, verify=verify, rows=r)
-        return out
+    ) -> dict[tuple[str, str], Any]:
+        """Start reading several parameters at once; returns futures keyed by (subcol, name), in the order given
+        (``batched.read_many``: batches on the I/O pool, a packed container's tensors together)."""
+        return read_many(self, entries, mmap=mmap, verify=verify, rows=rows, local=type(self)._read_block is OpenedDir._read_block)
 
     def _map_npy(self, entry: ParamEntry) -> np.ndarray | None:
         """A lazy open's fast path for a whole ``.npy`` file with a plain header: a handful of
@@ -350,26 +339,6 @@ class OpenedDir(DirHandle):
         return {k: self.read(e, mmap=mmap, verify=verify) for k, e in self.manifest.state_entries.items()}
 
 
-class _Done:
-    """A finished read, with the part of ``Future``'s interface the callers use (cheaper than a Future)."""
-
-    __slots__ = ("_value", "_error")
-
-    def __init__(self, value: Any, error: BaseException | None = None) -> None:
-        self._value, self._error = value, error
-
-    def result(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def cancel(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
-
-
 def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Wait for every future; on the first failure cancel the rest (no read goes on after an error)."""
     try:
@@ -379,11 +348,6 @@ def gather(futs: dict[tuple[str, str], Future], into: dict[str, dict[str, Any]])
         stop(futs.values())  # nothing reads on after the caller has its error (and may close the directory)
         raise
     return into
-
-
-def stop(futs: Iterable[Any]) -> None:
-    """Cancel the reads that have not started and wait for the running ones."""
-    wait([f for f in futs if isinstance(f, Future) and not f.cancel()])
 
 
 def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
@@ -398,10 +362,6 @@ def check_rows(entry: ParamEntry, rows: Any) -> tuple[int, int]:
     if not 0 <= first < stop <= entry.shape[0]:
         raise DataError(f"rows ({first}, {stop}) are outside the parameter's {entry.shape[0]} rows", where)
     return first, stop
-
-
-def _quick(e: ParamEntry) -> bool:
-    return e.whole and e.blocks[0].format == "npy"
 
 
 def _gone(fd: int, path: str) -> bool:
@@ -430,10 +390,3 @@ def _read_small(dir_fd: int, name: str, where: str) -> bytes | None:
         if size > MAX_MANIFEST:
             raise DataError(f"manifest has {size} bytes, more than the {MAX_MANIFEST} this xser reads", Location(where))
         return f.read(size)  # exactly what fstat says (a read of the cap would allocate the cap)
-
-
-def _reported(read: Any, entry: ParamEntry, **kw: Any) -> np.ndarray:
-    """One parameter read on the I/O pool, counted towards the operation's progress bar."""
-    arr = read(entry, **kw)
-    advance(int(getattr(arr, "nbytes", 0)))
-    return arr

@@ -80,7 +80,13 @@ def identity(item: Any) -> Any:
     if isinstance(item, Lazy):
         return item.key
     if isinstance(item, np.ndarray) and item.size:
-        return ("array", item.__array_interface__["data"][0], item.shape, item.strides, item.dtype.str, item.dtype.name)
+        base = item.base
+        if base is None:  # owns its memory (the usual parameter): named by the object, no address to ask for
+            return ("array", id(item), 0, item.shape, item.strides, item.dtype)
+        if type(base) is np.ndarray and base.base is None:  # a view of an array that owns its memory: where in it
+            at = item.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            return ("array", id(base), at, item.shape, item.strides, item.dtype)
+        return ("memory", item.__array_interface__["data"][0], item.shape, item.strides, item.dtype)
     return None
 
 

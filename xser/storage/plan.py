@@ -69,35 +69,67 @@ class Plan:
     state: tuple[PlannedParam, ...] | None = None  # training-state arrays (sub = "training_state")
 
 
-def format_for(formats: Mapping[str, Any] | None, key: str) -> tuple[str, dict]:
+class Patterns:
+    """Glob patterns in order, the first that matches a key wins: looked up in O(1) for the patterns without glob
+    characters (a component's declared formats: one per parameter) plus one ``fnmatch`` per real glob, never one
+    per pattern (that would be O(n^2) over a model's parameters)."""
+
+    def __init__(self, patterns: Mapping[str, Any] | None) -> None:
+        self.exact: dict[str, tuple[int, str, Any]] = {}
+        self.globs: list[tuple[int, str, Any]] = []
+        for i, (pattern, value) in enumerate((patterns or {}).items()):
+            if any(c in pattern for c in "*?["):
+                self.globs.append((i, pattern, value))
+            else:
+                self.exact.setdefault(pattern, (i, pattern, value))
+
+    def __bool__(self) -> bool:
+        return bool(self.exact or self.globs)
+
+    def match(self, key: str) -> tuple[str, Any] | None:
+        """(pattern, value) of the first pattern matching ``key``, or None."""
+        best = self.exact.get(key)
+        for g in self.globs:
+            if best is not None and g[0] > best[0]:
+                break
+            if fnmatch.fnmatchcase(key, g[1]):
+                return g[1], g[2]
+        return None if best is None else (best[1], best[2])
+
+
+def _as_patterns(patterns: Any) -> Patterns:
+    return patterns if isinstance(patterns, Patterns) else Patterns(patterns)
+
+
+def format_for(formats: Mapping[str, Any] | Patterns | None, key: str) -> tuple[str, dict]:
     """(format name, write options) the ``formats`` patterns give ``sub/param``; npy by default."""
-    for pattern, spec in (formats or {}).items():
-        if fnmatch.fnmatchcase(key, pattern):
-            name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-            if not isinstance(name, str) or get_format(name) is None:
-                raise DataError(f"unknown weight format {name!r} for {pattern!r} (known: {', '.join(sorted(FORMATS))}){did_you_mean(str(name), FORMATS)}")
-            return name, options
+    hit = _as_patterns(formats).match(key) if formats else None
+    if hit is not None:
+        pattern, spec = hit
+        name, options = (spec, {}) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+        if not isinstance(name, str) or get_format(name) is None:
+            raise DataError(f"unknown weight format {name!r} for {pattern!r} (known: {', '.join(sorted(FORMATS))}){did_you_mean(str(name), FORMATS)}")
+        return name, options
     return "npy", {}
 
 
-def block_size_for(blocks: Mapping[str, Any] | None, key: str) -> tuple | None:
+def block_size_for(blocks: Mapping[str, Any] | Patterns | None, key: str) -> tuple | None:
     """The block size (rows, or rows and columns, ...) the ``blocks`` patterns give ``sub/param``."""
-    if not blocks:
+    hit = _as_patterns(blocks).match(key) if blocks else None
+    if hit is None:
         return None
-    for pattern, size in blocks.items():
-        if fnmatch.fnmatchcase(key, pattern):
-            if isinstance(size, list):  # explicit row ranges: [(first, count), ...], contiguous from 0
-                ranges = [tuple(int(x) for x in r) for r in size]
-                if not ranges or any(len(r) != 2 or r[1] < 1 for r in ranges) or any(
-                    b[0] != a[0] + a[1] for a, b in zip(ranges, ranges[1:])
-                ) or ranges[0][0] != 0:
-                    raise DataError(f"row ranges for {pattern!r} must be contiguous (first, count) pairs from row 0, got {size!r}")
-                return tuple(ranges)
-            size = (size,) if isinstance(size, int) else tuple(size)
-            if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in size):
-                raise DataError(f"block size for {pattern!r} must be an int >= 1 or a tuple of them, got {size!r}")
-            return size
-    return None
+    pattern, size = hit
+    if isinstance(size, list):  # explicit row ranges: [(first, count), ...], contiguous from 0
+        ranges = [tuple(int(x) for x in r) for r in size]
+        if not ranges or any(len(r) != 2 or r[1] < 1 for r in ranges) or any(
+            b[0] != a[0] + a[1] for a, b in zip(ranges, ranges[1:])
+        ) or ranges[0][0] != 0:
+            raise DataError(f"row ranges for {pattern!r} must be contiguous (first, count) pairs from row 0, got {size!r}")
+        return tuple(ranges)
+    size = (size,) if isinstance(size, int) else tuple(size)
+    if not size or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in size):
+        raise DataError(f"block size for {pattern!r} must be an int >= 1 or a tuple of them, got {size!r}")
+    return size
 
 
 def block_name(base: str, start: tuple, suffix: str) -> str:
@@ -198,14 +230,13 @@ def _unpack(packed: list, pieces: list, params: list, previous: Any) -> list:
 
 
 def _point(params: list, ref: Any) -> list:
-    """The parameters, their references to packed arrays (``-1 - i``: the i-th) replaced by ``ref(reference)``."""
-    out = []
+    """The parameters, their references to packed arrays (``-1 - i``: the i-th) replaced by ``ref(reference)``. The
+    planner's own new objects are updated in place (no second object per parameter)."""
     for p in params:
         refs = p.pieces
-        if any(r[0] < 0 for r in refs):
-            p = PlannedParam(p.sub, p.name, p.dtype, p.shape, p.trainable, tuple(ref(r) if r[0] < 0 else r for r in refs), p.attrs)
-        out.append(p)
-    return out
+        if refs[0][0] < 0 or (len(refs) > 1 and any(r[0] < 0 for r in refs)):
+            object.__setattr__(p, "pieces", tuple(ref(r) if r[0] < 0 else r for r in refs))
+    return params
 
 
 def pack_limit(pack: Any) -> int:
@@ -319,25 +350,34 @@ def plan_save(
         return PlannedParam(sub, name, dtype, shape, bool(trainable), tuple(refs))
 
     stored: dict[Any, PlannedParam] = {}  # memory already planned (tied weights) -> its plan
+    formats, blocks = Patterns(formats), Patterns(blocks)
+    ndarray = np.ndarray
     for sub, items in arrays.items():
         dirs.append(sub)
         for name, spec in items.items():
             item, trainable, extra = spec if len(spec) == 3 else (*spec, None)
             key = f"{sub}/{name}"
-            fmt, options = format_for(formats, key)
-            if not isinstance(item, (np.ndarray, Lazy)):
+            fmt, options = format_for(formats, key) if formats else ("npy", {})
+            if not isinstance(item, (ndarray, Lazy)):
                 fmt, options = "npy", {}
-            block = block_size_for(blocks, key)
+            block = block_size_for(blocks, key) if blocks else None
             same = identity(item)
-            first = stored.get((same, fmt, repr(options), block)) if same is not None else None
-            if first is not None:  # one tensor under two names: stored once, both entries name its files
-                params.append(attrs.evolve(first, sub=sub, name=name, trainable=bool(trainable), attrs=dict(extra or {})))
-                continue
-            params.append(add(sub, name, item, trainable, fmt, options, block, previous))
+            if same is not None:
+                same = (same, fmt, repr(options) if options else "", block)
+                first = stored.get(same)
+                if first is not None:  # one tensor under two names: stored once, both entries name its files
+                    params.append(attrs.evolve(first, sub=sub, name=name, trainable=bool(trainable), attrs=dict(extra or {})))
+                    continue
+            if (limit and shards is None and fmt == "npy" and block is None and type(item) is ndarray
+                    and item.nbytes < limit and _packable(item.dtype) and (item.flags.c_contiguous or not item.flags.f_contiguous)):
+                packed.append((key, item))  # the common case, without add()'s questions
+                params.append(PlannedParam(sub, name, item.dtype, item.shape, bool(trainable), ((-len(packed), None, None, key),)))
+            else:
+                params.append(add(sub, name, item, trainable, fmt, options, block, previous))
             if extra:
                 params[-1] = attrs.evolve(params[-1], attrs=dict(extra))
             if same is not None:
-                stored[(same, fmt, repr(options), block)] = params[-1]
+                stored[same] = params[-1]
     if packed and shards is None and len(packed) < PACK_MIN_ARRAYS:
         params = _unpack(packed, pieces, params, previous)
     elif packed:

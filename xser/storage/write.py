@@ -143,15 +143,16 @@ def _write_bundle(path: str, piece: Piece, durable: bool, link: Linker) -> Write
     b: Bundle = piece.payload
     fmt = FORMATS[piece.format]
     known = None
+    planned = fmt.layout(b.arrays, b.metadata, path)  # header, order and spans: worked out once
     if piece.link is not None and all(isinstance(a, np.ndarray) for a in b.arrays.values()):
         source, block = piece.link
-        known = fmt.digest_bundle(b.arrays, b.metadata)
+        known = fmt.digest_bundle(b.arrays, b.metadata, planned)
         if block.checksum == (DEFAULT_CHECKSUM, known[1]) and block.bytes == known[0] and link(source, block.file, path):
-            return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True, fmt.spans(b.arrays, b.metadata))
-    size, digest = fmt.write_bundle(path, b.arrays, b.metadata, known)
+            return WriteResult(piece.rel, known[0], (DEFAULT_CHECKSUM, known[1]), True, planned[2])
+    size, digest = fmt.write_bundle(path, b.arrays, b.metadata, known, planned)
     if durable:
         fsync_file(path)
-    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False, fmt.spans(b.arrays, b.metadata))
+    return WriteResult(piece.rel, size, (DEFAULT_CHECKSUM, digest), False, planned[2])
 
 
 def _link_file(path: str, piece: Piece, durable: bool, link: Linker) -> WriteResult:

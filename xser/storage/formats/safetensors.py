@@ -15,20 +15,22 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+from json.encoder import encode_basestring
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from ...errors import DataError, Location, shape_str
-from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, HashingWriter, digest_stream
+from ..checksums import CHECKSUMS, DEFAULT_CHECKSUM, digest_stream
 from ..checksums import verify as check_digest
 from ..dtypes import DTYPES, dtype_problem, find, from_safetensors, storage_of
 from ..fsutil import file_size, mappable
 from ..jsonlimit import loads_limited
 from .npy import _read_exactly, byte_view, map_fd
 
-__all__ = ["SAFETENSORS", "SafetensorsFormat", "parse_header", "read_at", "render_header", "safetensors_tag"]
+__all__ = ["SAFETENSORS", "SafetensorsFormat", "layout", "parse_header", "read_at", "render_header", "safetensors_tag"]
 
 MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE (bytes, decimal: not 100 MiB)
 CHUNK = 8 << 20
@@ -60,6 +62,103 @@ def render_header(tensors: Mapping[str, tuple[np.dtype, tuple]], metadata: Mappi
     text = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-(8 + len(text)) % 8)
     return len(text).to_bytes(8, "little") + text, order
+
+
+#: dtype -> (safetensors tag, little-endian storage dtype, item size, whether an array of it is written as it is)
+_INFO: dict[np.dtype, tuple[str, np.dtype, int, bool]] = {}
+
+
+def _info(dtype: Any, name: str, where: str) -> tuple[str, np.dtype, int, bool]:
+    """What writing a tensor of ``dtype`` needs, worked out once per dtype (a dtype that cannot be written is
+    refused, naming the tensor, every time)."""
+    got = _INFO.get(dtype)
+    if got is None:
+        dtype = np.dtype(dtype)
+        why = dtype_problem(dtype)
+        if why is not None:
+            raise DataError(f"{name}: {why}", Location(where))
+        st = storage_of(dtype).newbyteorder("<")
+        got = (safetensors_tag(dtype, where), st, dtype.itemsize, st == dtype and dtype.byteorder != ">")
+        _INFO[dtype] = got
+    return got
+
+
+def layout(arrays: Mapping[str, Any], metadata: Mapping[str, str] | None, where: str) -> tuple[bytes, list[str], dict]:
+    """The file ``write_bundle`` writes for ``{name: array or Lazy}``, worked out once: (header bytes with its
+    length prefix, the order the tensors' bytes follow in, ``{name: (offset in the file, length)}``). The header is
+    the JSON ``render_header`` writes (compact, ``ensure_ascii=False``), made in one pass."""
+    info = [(name, _info(a.dtype, name, where), a.shape) for name, a in arrays.items()]
+    if len({i[1][2] for i in info}) > 1:  # stable: same size keeps the caller's order
+        info.sort(key=lambda i: -i[1][2])
+    parts = []
+    if metadata:
+        parts.append('"__metadata__":' + json.dumps({str(k): str(v) for k, v in metadata.items()}, separators=(",", ":"),
+                                                    ensure_ascii=False))
+    offset = 0
+    spans = []
+    for name, (tag, _, size, _), shape in info:
+        n = math.prod(shape) * size
+        parts.append(f'{encode_basestring(name)}:{{"dtype":"{tag}","shape":[{",".join(str(int(x)) for x in shape)}],'
+                     f'"data_offsets":[{offset},{offset + n}]}}')
+        spans.append((name, offset, n))
+        offset += n
+    text = ("{" + ",".join(parts) + "}").encode("utf-8")
+    text += b" " * (-(8 + len(text)) % 8)
+    start = 8 + len(text)
+    return len(text).to_bytes(8, "little") + text, [i[0] for i in info], {k: (start + o, n) for k, o, n in spans}
+
+
+_IOV = 1024  # buffers per writev (Linux IOV_MAX)
+_BATCH = 8 << 20  # bytes gathered before one writev
+
+
+def _emit(arrays: Mapping[str, Any], order: list[str], where: str, out: Any) -> None:
+    """Each tensor's bytes, in ``order``, little-endian, to ``out(list of buffers)``: small tensors gathered into one
+    call, large ones in pieces of ``CHUNK`` (hashed while in the CPU cache). A ``Lazy`` is made when its turn comes."""
+    batch: list = []
+    held = 0
+    for name in order:
+        a = arrays[name]
+        if not isinstance(a, np.ndarray):
+            a = a.take()
+        tag, st, size, as_is = _info(a.dtype, name, where)
+        if not as_is or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a).view(storage_of(a.dtype)).astype(st, copy=False)
+        n = a.size * size
+        if not n:
+            continue
+        if n >= CHUNK:
+            if batch:
+                out(batch)
+                batch, held = [], 0
+            data = byte_view(a)
+            for s in range(0, n, CHUNK):
+                out([data[s : s + CHUNK]])
+            continue
+        batch.append(a if a.ndim == 1 else a.reshape(-1))
+        held += n
+        if held >= _BATCH or len(batch) >= _IOV:
+            out(batch)
+            batch, held = [], 0
+    if batch:
+        out(batch)
+
+
+def _writev(fd: int, bufs: list) -> None:
+    """Every byte of ``bufs`` to ``fd``: one ``writev``, then the rest of a short write buffer by buffer."""
+    done = os.writev(fd, bufs)
+    total = sum(memoryview(b).nbytes for b in bufs) if done else -1
+    if done == total:
+        return
+    for b in bufs:
+        m = memoryview(b).cast("B")
+        if done >= m.nbytes:
+            done -= m.nbytes
+            continue
+        m = m[done:]
+        done = 0
+        while m.nbytes:
+            m = m[os.write(fd, m):]
 
 
 def parse_header(f: BinaryIO, where: str, size: int | None = None, aliases: dict | None = None) -> tuple[dict, int]:
@@ -148,46 +247,53 @@ class SafetensorsFormat:
 
     def spans(self, arrays: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> dict[str, tuple[int, int]]:
         """``{name: (offset in the file, length)}`` of the file ``write_bundle`` writes for these arrays."""
-        header, order = render_header({k: (np.dtype(a.dtype), tuple(a.shape)) for k, a in arrays.items()}, metadata, "<bundle>")
-        out, at = {}, len(header)
-        for name in order:
-            n = math.prod(arrays[name].shape) * np.dtype(arrays[name].dtype).itemsize
-            out[name] = (at, n)
-            at += n
-        return out
+        return layout(arrays, metadata, "<bundle>")[2]
+
+    def layout(self, arrays: Mapping[str, Any], metadata: Mapping[str, str] | None = None, where: str = "<bundle>") -> tuple:
+        """(header, order, spans) of the file for these arrays (``layout``), to hand to ``write_bundle``."""
+        return layout(arrays, metadata, where)
 
     def write_bundle(self, path: str, arrays: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
-                     known: tuple[int, str] | None = None) -> tuple[int, str]:
-        """Write ``{name: array or Lazy}`` as one file; a ``Lazy`` is made when its turn comes, then let go."""
-        for name, a in arrays.items():
-            why = dtype_problem(np.dtype(a.dtype))
-            if why is not None:
-                raise DataError(f"{name}: {why}", Location(path))
-        header, order = render_header({k: (np.dtype(a.dtype), tuple(a.shape)) for k, a in arrays.items()}, metadata, path)
-        with HashingWriter(path, hash=known is None) as w:
-            w.write(header)
-            for name in order:
-                a = arrays[name]
-                a = a if isinstance(a, np.ndarray) else a.take()
-                a = np.ascontiguousarray(a).view(storage_of(a.dtype)).astype(storage_of(a.dtype).newbyteorder("<"), copy=False)
-                data = byte_view(a) if a.size else np.empty(0, np.uint8)
-                for s in range(0, data.size, CHUNK):
-                    w.write(data[s : s + CHUNK])
-        return known if known is not None else (w.size, w.hexdigest())
+                     known: tuple[int, str] | None = None, planned: tuple | None = None) -> tuple[int, str]:
+        """Write ``{name: array or Lazy}`` as one file; a ``Lazy`` is made when its turn comes, then let go.
+        ``planned``: this file's ``layout`` (worked out by the caller already)."""
+        header, order, _ = planned if planned is not None else layout(arrays, metadata, path)
+        h = CHECKSUMS[DEFAULT_CHECKSUM]() if known is None else None
+        size = len(header)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            if h is not None:
+                h.update(header)
+            _writev(fd, [header])
 
-    def digest_bundle(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> tuple[int, str]:
+            def out(bufs: list) -> None:
+                nonlocal size
+                if h is not None:
+                    for b in bufs:
+                        h.update(b)
+                _writev(fd, bufs)
+                size += sum(b.nbytes for b in bufs)
+
+            _emit(arrays, order, path, out)
+        finally:
+            os.close(fd)
+        return known if known is not None else (size, h.hexdigest())
+
+    def digest_bundle(self, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None,
+                      planned: tuple | None = None) -> tuple[int, str]:
         """(size, checksum) of the file ``write_bundle`` would write, without writing it (host arrays only)."""
-        header, order = render_header({k: (a.dtype, a.shape) for k, a in arrays.items()}, metadata, "<bundle>")
+        header, order, _ = planned if planned is not None else layout(arrays, metadata, "<bundle>")
         h = CHECKSUMS[DEFAULT_CHECKSUM]()
         h.update(header)
         size = len(header)
-        for name in order:
-            a = np.ascontiguousarray(arrays[name])
-            a = a.view(storage_of(a.dtype)).astype(storage_of(a.dtype).newbyteorder("<"), copy=False)
-            data = byte_view(a) if a.size else np.empty(0, np.uint8)
-            for s in range(0, data.size, CHUNK):
-                h.update(data[s : s + CHUNK])
-            size += data.size
+
+        def out(bufs: list) -> None:
+            nonlocal size
+            for b in bufs:
+                h.update(b)
+                size += b.nbytes
+
+        _emit(arrays, order, "<bundle>", out)
         return size, h.hexdigest()
 
     def write(self, path: str, array: np.ndarray, known: Any = None, **options: Any) -> tuple[int, str]:
