@@ -77,6 +77,42 @@ def test_checkpoints_and_lazy(tmp_path, monkeypatch):
     assert reads == ["W"]
 
 
+def test_a_few_arrays_check_only_their_entries(tmp_path):
+    """Reading some arrays by name (the reader, ``read_params(names=)``) checks only their manifest entries: a
+    damaged entry of another parameter does not stop them, and is reported, located, when it is read itself."""
+    import json
+
+    m = Model(encoder=Linear(5, 3), decoder=Norm(3))
+    path = str(tmp_path / "m.yaml")
+    xser.save(m, path, durable=False)
+    enc = xser.params(m.encoder).name
+    mpath = tmp_path / "m.yaml.data" / "manifest.json"
+    doc = json.loads(mpath.read_text())
+    doc["subcollections"][enc]["b"]["blocks"][0]["file"] = "../outside.npy"
+    mpath.chmod(0o644)
+    mpath.write_text(json.dumps(doc))
+    got = xser.read_params(path, names=[f"{enc}/W", f"{enc}/W"], mmap=True)
+    assert list(got) == [enc] and list(got[enc]) == ["W"] and bit_equal(got[enc]["W"], m.encoder.W)
+    assert xser.read_params(path, names=[f"{enc}/W"], rows={f"{enc}/W": (1, 3)})[enc]["W"].tolist() == m.encoder.W[1:3].tolist()
+    message = f"{mpath}: unsafe file name '../outside.npy' (must be a relative path inside the data directory)"
+    with xser.CheckpointReader(path) as r:
+        assert f"{enc}/b" in r and f"{enc}/c" not in r and r.keys() == r.tensor_names()
+        assert bit_equal(r[f"{enc}/W"], m.encoder.W)
+        with pytest.raises(xser.DataError) as info:
+            r.read_tensor(f"{enc}/b")
+    assert str(info.value) == message
+    for names, rows, text in [([f"{enc}/b"], None, message),
+                              ([f"{enc}/w"], None, f"{tmp_path / 'm.yaml.data'}: no parameter '{enc}/w'; did you mean '{enc}/W'?"),
+                              ([f"{enc}/W"], {f"{enc}/b": (0, 1)}, f"{tmp_path / 'm.yaml.data'}: rows= names parameters that names= leaves out: {enc}/b"),
+                              (f"{enc}/W", None, f"{path}: names= is a list of \"subcollection/param\" names, got the string '{enc}/W'")]:
+        with pytest.raises(xser.DataError) as info:
+            xser.read_params(path, names=names, rows=rows)
+        assert str(info.value) == text
+    with pytest.raises(xser.DataError) as info:
+        xser.read_params(path)  # every entry: checked when the checkpoint is opened, as before
+    assert str(info.value) == message
+
+
 def test_hugging_face_file_and_sharded_directory(tmp_path):
     tensors = {"a.weight": torch.randn(4, 3), "b": torch.arange(5, dtype=torch.int32), "c": torch.randn(2, 2).to(torch.bfloat16)}
     safetensors.torch.save_file(tensors, str(tmp_path / "one.safetensors"))

@@ -8,33 +8,28 @@ from the model's name a few times before giving up with a ``CheckpointError``.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import attrs
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .dist import Coordinator, using
-from .checkpoints.rank_state import check_rank_state, rank_part, rank_training, without
-from .checkpoints.saver import SaveOptions, save_model
 from .errors import CheckpointError, DataError, Location, SpecError, did_you_mean, key_lists
-from .model.build import ExperimentSpec, build_spec
-from .model.overrides import apply_overrides
-from .model.adapters import array_kind
-from .model.build import build as _build
-from .model.serialize import arg_clause, saved_args, subcols_by_path, to_tree
-from .spec import read
-from .spec.saved import is_saved, open_saved
-from .storage import training_state
-from .storage.listing import Best, Checkpoint, checkpoint_record, checkpoints_exist, open_checkpoint, refuse_slot, selector
+from .storage.listing import Best, Checkpoint, open_checkpoint, selector
+from .storage.named import read_named
 from .storage.opened import CheckpointVanished, gather
-from .storage.stores import options, store_for
+from .storage.stores import options
+
+if TYPE_CHECKING:
+    from .model.build import ExperimentSpec
+
+# The verbs import what they use when called (the model layer, the YAML parser, the save machinery): a process that
+# only reads arrays (``read_params``) imports the storage layer and nothing above it.
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
 T = TypeVar("T")
-_log = logging.getLogger("xser")
 #: times a reader starts over when the checkpoint it reads is pruned under it
 RETRIES = 5
 
@@ -69,6 +64,12 @@ def load_config(path: str | os.PathLike, *, overrides: list[str] | None = None,
 
 
 def _load_config(path: str, overrides: list[str] | None) -> ExperimentSet:
+    from .model.build import ExperimentSpec
+    from .model.overrides import apply_overrides
+    from .spec import read
+    from .spec.saved import is_saved, open_saved
+    from .storage.listing import refuse_slot
+
     refuse_slot(path)
     doc = read(path)
     if is_saved(doc):
@@ -113,6 +114,8 @@ def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = N
     ``coordinator``: the job this process is a rank of (``xser.dist.current()`` in the components' constructors,
     for ``add(..., rows=xser.dist.rows(n))``).
     """
+    from .model.build import build as _build
+
     where = getattr(spec, "file", None) or "<spec>"
     with options(storage_options), using(coordinator):
         return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
@@ -158,6 +161,8 @@ def save(
     each rank writing its own rows, id slices and a share of the replicated arrays, rank 0 committing once
     (``docs/distributed.md``); every rank returns after the commit, or every rank raises.
     """
+    from .checkpoints.saver import SaveOptions, save_model
+
     with options(storage_options):
         save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards, pack), name=name, training=training,
                    custom=custom, coordinator=coordinator)
@@ -201,6 +206,9 @@ def load(
     ``coordinator``: the job this process is a rank of; components that declare ``add(..., rows=xser.dist.rows(n))``
     or ``add_table(..., slice=...)`` read only their rows and ids, at any world size (``docs/distributed.md``).
     """
+    from .model.build import ExperimentSpec, build_spec
+    from .spec.saved import open_saved
+
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
 
@@ -224,6 +232,9 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
     so is one the checkpoint has and the object lacks. Both are listed, sorted, with the file.
     ``missing="init"`` keeps what the object holds for parameters the checkpoint lacks (logged).
     """
+    from .model.serialize import subcols_by_path, to_tree
+    from .spec.saved import open_saved
+
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
     if missing not in ("error", "init"):
@@ -264,7 +275,9 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
                 arrays = gather(data.read_many(entries, verify=verify), {disk: {}})[disk]
                 sub.fill(arrays, os.path.join(data.path, disk))
             if kept:
-                _log.warning("%s: not in the checkpoint, kept as the object holds them (missing=\"init\"): %s", data.path, ", ".join(kept))
+                import logging
+
+                logging.getLogger("xser").warning("%s: not in the checkpoint, kept as the object holds them (missing=\"init\"): %s", data.path, ", ".join(kept))
 
     with options(storage_options):
         retrying(path, once)
@@ -273,6 +286,8 @@ def load_into(obj: Any, path: str | os.PathLike, *, checkpoint: int | str | Best
 def _refuse_mismatches(plan: list, live: dict, experiment: Any, datadir: str) -> None:
     """Before anything is read: every parameter whose shape or dtype the object cannot take, in one ``DataError``, by
     component, with the constructor arguments that differ from the saved ones."""
+    from .model.serialize import arg_clause, saved_args
+
     parts = []
     for sub, disk, entries in plan:
         lines = sub.mismatches({e.name: (e.shape, e.dtype) for e in entries})
@@ -290,6 +305,7 @@ def _refuse_mismatches(plan: list, live: dict, experiment: Any, datadir: str) ->
 def read_params(
     path: str | os.PathLike,
     *,
+    names: Iterable[str] | None = None,
     mmap: bool = False,
     verify: bool = False,
     checkpoint: int | str | Best = 0,
@@ -300,16 +316,24 @@ def read_params(
 ) -> dict[str, dict[str, Any]]:
     """``{subcollection: {param: array}}`` of a saved model, without building objects.
 
-    ``rows={"subcol/param": (first, stop)}`` reads only those rows of those parameters: only
-    the blocks that overlap them, and inside each only their bytes. ``checkpoint``, ``metric`` and
-    ``mode`` select a checkpoint as for ``load``.
+    ``names=["subcol/param", ...]`` reads only those parameters (the result holds only them): nothing else of the
+    checkpoint is read or even checked but its manifest, so a few arrays of a large model cost those arrays (an
+    unknown name is a ``DataError`` with the nearest known one). ``rows={"subcol/param": (first, stop)}`` reads only
+    those rows of those parameters: only the blocks that overlap them, and inside each only their bytes.
+    ``checkpoint``, ``metric`` and ``mode`` select a checkpoint as for ``load``. ``mmap=True`` maps the arrays
+    (copy-on-write) instead of reading them; ``verify=True`` checks the checksum of every file read.
     """
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
+    if isinstance(names, str):
+        raise DataError(f"names= is a list of \"subcollection/param\" names, got the string {names!r}", Location(path))
+    wanted = None if names is None else list(dict.fromkeys(names))
 
     def once() -> Any:
-        with open_checkpoint(path, checkpoint) as data:
-            return data.read_all(mmap=mmap, verify=verify, rows=rows)
+        with open_checkpoint(path, checkpoint, lazy=wanted is not None) as data:
+            if wanted is None:
+                return data.read_all(mmap=mmap, verify=verify, rows=rows)
+            return read_named(data, wanted, mmap=mmap, verify=verify, rows=data.check_row_keys(rows))
 
     with options(storage_options):
         return retrying(path, once)
@@ -330,6 +354,8 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best
     the same on every rank, such as a replicated optimizer's; a multi-rank checkpoint still refuses). At the
     saving world size ``rank_state`` changes nothing (``docs/distributed.md``, "Loading at another world size").
     """
+    from .checkpoints.rank_state import check_rank_state, rank_part, without
+
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
     check_rank_state(rank_state, path)
@@ -348,6 +374,9 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best
 
 
 def _state_of(data: Any, mmap: bool, part: tuple[Any, dict] | None = None) -> Any:
+    from .model.adapters import array_kind
+    from .storage import training_state
+
     tree, entries = part if part is not None else (data.manifest.state, data.manifest.state_entries)
     futs = data.read_many(entries.values(), mmap=mmap)
     arrays = gather(futs, {"training_state": {}})["training_state"]
@@ -392,6 +421,12 @@ def resume(
     the entries every rank saved alike), ``rank_state="replicate"`` gives a state saved by one process to every
     rank (see ``load_training_state``).
     """
+    from .checkpoints.rank_state import check_rank_state, rank_part, rank_training
+    from .model.build import ExperimentSpec, build_spec
+    from .spec.saved import open_saved
+    from .storage.listing import checkpoint_record, checkpoints_exist
+    from .storage.stores import store_for
+
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
     check_rank_state(rank_state, path)

@@ -8,7 +8,6 @@ Every error xser raises on bad input is an ``XserError`` carrying a ``Location``
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 import attrs
@@ -99,7 +98,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     The word itself is never proposed: it was just rejected, so a choice equal to it is not the one meant."""
     choices = [c for c in choices if c != word]
     same = [c for c in choices if c.lower() == word.lower()]
-    close = same or difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not same:
+        import difflib  # (on use: only an error message needs it)
+
+        same = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    close = same
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 
 __all__ = [
     "DAMAGED_MARK",
@@ -46,6 +45,8 @@ def data_dir_of(spec_path: str | os.PathLike, slot: int = 0) -> str:
 
 
 def temp_name(target: str, mark: str = TMP_MARK) -> str:
+    import secrets  # (imported on use: readers never make temporary names)
+
     return f"{target}{mark}{os.getpid()}-{secrets.token_hex(4)}"
 
 

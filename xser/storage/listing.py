@@ -25,7 +25,6 @@ from .layout import data_dir_of, slot_names, slot_of
 from .disk.lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
-from .objects.commit import latest, remote_scan
 from .scanned import Best, Checkpoint, Scan, best_n, record_of, score
 from .stores import is_url, options, store_for
 
@@ -43,6 +42,8 @@ def scan(spec_path: str | os.PathLike, *, saver: bool = False) -> Scan:
     """
     spec_path = os.fspath(spec_path)
     if is_url(spec_path):  # an object store: the newest commit record says what the model holds
+        from .objects.commit import remote_scan  # (the object-store protocol is imported by its first URL)
+
         return remote_scan(store_for(spec_path), spec_path)
     for attempt in range(ATTEMPTS):
         with contextlib.nullcontext() if saver else ListingLock(spec_path, exclusive=False):
@@ -117,6 +118,8 @@ def checkpoints_exist(path: str | os.PathLike) -> bool:
     """Whether any data slot (``.data``, ``.data.1``, ...) exists for the model at ``path`` (on an object store: any
     commit record)."""
     if is_url(os.fspath(path)):
+        from .objects.commit import latest
+
         return latest(store_for(os.fspath(path)), os.fspath(path))[1] is not None
     return bool(slot_names(os.fspath(path)))
 
@@ -170,16 +173,17 @@ def refuse_slot(path: str) -> None:
     raise DataError(f"a checkpoint directory of the model {spec}, not a model: give the model's file, {spec!r}{which}", Location(path))
 
 
-def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0) -> OpenedDir:
+def open_checkpoint(path: str | os.PathLike, checkpoint: Any = 0, *, lazy: bool = False) -> OpenedDir:
     """Open checkpoint ``checkpoint`` (0 = newest, ``"last"``, or a ``Best``) of the model at ``path``; the caller closes it.
 
-    The result's ``index`` is the checkpoint's place in the listing it was chosen from (0 = newest)."""
+    The result's ``index`` is the checkpoint's place in the listing it was chosen from (0 = newest). ``lazy``: the
+    newest checkpoint's parameter entries are checked when first looked up (``OpenedDir.open``)."""
     path = os.fspath(path)
     checkpoint = 0 if checkpoint == "last" else check_index(path, checkpoint)
     refuse_slot(path)
     if checkpoint == 0 and not is_url(path):
         try:
-            d = OpenedDir.open(data_dir_of(path, 0))  # slot 0 is the newest whenever it exists
+            d = OpenedDir.open(data_dir_of(path, 0), lazy=lazy)  # slot 0 is the newest whenever it exists
             d.index = 0
             return d
         except MissingDir:

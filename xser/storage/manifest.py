@@ -24,6 +24,7 @@ from .formats import FORMATS, get_format
 from .formats.npy import parse_dtype
 from .manifest_json import descr as _descr
 from .manifest_json import render_manifest
+from .lazy_entries import LazyParams
 
 __all__ = [
     "FORMAT_VERSION",
@@ -162,8 +163,8 @@ def new_manifest(meta: Mapping[str, Any], *, id: str, model: str, created: str) 
 # ---------------------------------------------------------------- reading
 
 
-def parse_manifest(raw: bytes, mpath: str) -> Manifest:
-    """Parse and check the bytes of ``manifest.json`` (``mpath`` is for messages)."""
+def parse_manifest(raw: bytes, mpath: str, *, lazy: bool = False) -> Manifest:
+    """Parse and check the bytes of ``manifest.json`` (``mpath``: for messages; ``lazy``: see ``lazy_entries``)."""
     try:
         m = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -172,14 +173,14 @@ def parse_manifest(raw: bytes, mpath: str) -> Manifest:
         raise DataError(f"corrupt manifest: {e.msg}", Location(mpath, e.lineno, e.colno)) from None
     except RecursionError:
         raise DataError("corrupt manifest: nested too deeply", Location(mpath)) from None
-    return check_manifest(m, mpath)
+    return check_manifest(m, mpath, lazy)
 
 
 def _bad(msg: str, mpath: str) -> DataError:
     return DataError(f"corrupt manifest: {msg}", Location(mpath))
 
 
-def check_manifest(m: Any, mpath: str) -> Manifest:
+def check_manifest(m: Any, mpath: str, lazy: bool = False) -> Manifest:
     if not isinstance(m, dict) or m.get("format") != "xser":
         raise _bad("not an xser manifest (no \"format\": \"xser\")", mpath)
     version = m.get("format_version")
@@ -204,12 +205,15 @@ def check_manifest(m: Any, mpath: str) -> Manifest:
     step = m.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise _bad(f"'step' must be an int or null, got {step!r}", mpath)
-    entries: dict[str, dict[str, ParamEntry]] = {}
+    entries: dict[str, Any] = {}
     names: dict[str, str] = {}  # file names checked already (a packed container is named by many blocks)
     for sub, params in subs.items():
         _check_name(sub, mpath)
         if "/" in sub or not isinstance(params, dict):
             raise _bad(f"subcollection {sub!r} must map parameter names to entries", mpath)
+        if lazy:  # names checked now, each entry when first looked up
+            entries[sub] = LazyParams(sub, params, mpath, lambda *a: _entry(*a, names), _bad)
+            continue
         entries[sub] = here = {}
         for pname, e in params.items():
             here[pname] = _entry(sub, pname, e, mpath, names)

@@ -56,13 +56,14 @@ class OpenedDir(DirHandle):
     # -- opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, pin: bool = True) -> OpenedDir:
+    def open(cls, path: str | os.PathLike, *, pin: bool = True, lazy: bool = False) -> OpenedDir:
         """Open ``path`` and read its manifest; ``DataError`` if it is not a valid data directory.
 
         ``pin``: share-lock the directory (``lock.pin``) so that no saver deletes it while it is open
         (a saver holding the model lock opens its own checkpoints unpinned). A directory that a saver
         is removing or has renamed away from its slot is ``MissingDir`` (the caller lists again), never
-        a "missing manifest"."""
+        a "missing manifest". ``lazy``: each parameter's entry is checked when first looked up
+        (``manifest.LazyParams``), for readers of a few arrays."""
         path = os.fspath(path)
         try:
             fd = os.open(path, O_DIR)
@@ -79,7 +80,7 @@ class OpenedDir(DirHandle):
                 raw = _read_small(fd, MANIFEST, os.path.join(path, MANIFEST))
                 if raw is None:
                     raise DataError("manifest.json is missing: not a complete xser data directory", Location(path))
-                return cls(path, fd, parse_manifest(raw, os.path.join(path, MANIFEST)))
+                return cls(path, fd, parse_manifest(raw, os.path.join(path, MANIFEST), lazy=lazy))
             except DataError:
                 if _gone(fd, path):  # pruned or replaced since it was opened (before the pin): not a damaged directory
                     raise MissingDir("the checkpoint was removed while it was opened", Location(path)) from None

@@ -20,11 +20,8 @@ import numpy as np
 
 from ..errors import CheckpointError, DataError, Location, did_you_mean
 from ..storage.dtypes import find
-from ..storage.hf_layout import hf_files, hf_tensors
 from ..storage.listing import open_checkpoint
 from ..storage.opened import CheckpointVanished, check_rows
-from ..storage.formats.safetensors import read_at
-from ..storage.recis_layout import read_block, read_layout, tensors
 from ..storage.stores import Store, is_url, store_for
 from ..storage.stores import options as storage_context
 
@@ -48,7 +45,13 @@ def _is_safetensors(path: str, store: Store) -> bool:
 
 class CheckpointReader:
     """Tensors of a saved model by exact name, read lazily: ``tensor_names()``, ``tensor_shape(name)``,
-    ``tensor_dtype(name)`` (the dtype tag, ``"float32"``, ``"bfloat16"``...), ``read_tensor(name, rows=None)``.
+    ``tensor_dtype(name)`` (the dtype tag, ``"float32"``, ``"bfloat16"``...), ``read_tensor(name, rows=None)``;
+    as with safetensors' ``safe_open``, ``keys()``, ``name in reader`` and ``reader[name]`` (``read_tensor``).
+
+    Opening an xser model reads its manifest and nothing else (no spec, no listing of older checkpoints, no component
+    class): each tensor's entry is checked when it is first asked for, and ``read_tensor`` reads that tensor's bytes
+    only (checksums are checked by ``xser.load(..., verify=True)`` and ``xser.read_params(..., verify=True)``). The
+    reader holds the checkpoint open: a saver rotating or pruning checkpoints meanwhile never changes what it reads.
 
     ``path`` is an xser model (its spec file; ``checkpoint=k`` picks the k-th newest), a safetensors
     file, or a Hugging Face directory (``model.safetensors`` or shards with their index). Close it
@@ -84,19 +87,20 @@ class CheckpointReader:
             if checkpoint not in (None, 0):
                 raise CheckpointError("a safetensors file or directory holds one checkpoint", Location(self.path))
             self._open_safetensors()
-        else:
-            self._data = open_checkpoint(self.path, checkpoint or 0)
-            for sub, params in self._data.subcollections.items():
-                for name, e in params.items():
-                    self._meta[f"{sub}/{name}"] = (e.dtype, tuple(e.shape))
+        else:  # an xser model: entries are looked up (and checked) one by one, when asked for
+            self._data = open_checkpoint(self.path, checkpoint or 0, lazy=True)
 
     def _open_safetensors(self) -> None:
+        from ..storage.hf_layout import hf_files, hf_tensors  # (here and below: imported by the kind of model that needs it)
+
         for key, (file, dtype, shape, offset, _) in hf_tensors(hf_files(self.path, self._store), self._store).items():
             self._meta[key] = (dtype, shape)
             self._files[key] = (file, offset)
 
     def _open_recis(self) -> None:
         """RecIS's names: ``emb@id``, ``emb@embedding``, ``emb@<slot>`` (slices put together in slice order), dense names."""
+        from ..storage.recis_layout import read_layout, tensors
+
         self._recis = tensors(read_layout(self.path, self._store))
         for name, bs in self._recis.items():
             if any(b.dtype != bs[0].dtype or b.shape[1:] != bs[0].shape[1:] for b in bs):
@@ -105,13 +109,35 @@ class CheckpointReader:
 
     # -- the API
     def tensor_names(self) -> list[str]:
+        if self._data is not None:
+            return sorted(f"{sub}/{n}" for sub, params in self._data.subcollections.items() for n in params)
         return sorted(self._meta)
 
     def _known(self, name: str) -> tuple[np.dtype, tuple]:
+        if self._data is not None:
+            sub, _, param = str(name).partition("/")
+            if name in self:
+                e = self._data.subcollections[sub][param]
+                return e.dtype, tuple(e.shape)
+            raise DataError(f"no tensor {name!r}{did_you_mean(str(name), self.tensor_names())}", Location(self.path))
         got = self._meta.get(name)
         if got is None:
             raise DataError(f"no tensor {name!r}{did_you_mean(str(name), self._meta)}", Location(self.path))
         return got
+
+    def keys(self) -> list[str]:
+        """``tensor_names()``, as ``safe_open``'s ``keys()``."""
+        return self.tensor_names()
+
+    def __contains__(self, name: object) -> bool:
+        if self._data is not None:
+            sub, _, param = str(name).partition("/")
+            return param in self._data.subcollections.get(sub, ())
+        return name in self._meta
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """``read_tensor(name)``."""
+        return self.read_tensor(name)
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         return self._known(name)[1]
@@ -132,8 +158,12 @@ class CheckpointReader:
         if rows is not None:
             rows = check_rows(_Entry(name, shape), rows)
         if self._recis:
+            from ..storage.recis_layout import read_block
+
             whole = np.concatenate([read_block(b) for b in self._recis[name]]) if shape else read_block(self._recis[name][0])
             return whole if rows is None else whole[rows[0] : rows[1]].copy()
+        from ..storage.formats.safetensors import read_at
+
         file, offset = self._files[name]
         return read_at(file, offset, dtype, shape, rows, store=self._store)
 
@@ -149,7 +179,8 @@ class CheckpointReader:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<CheckpointReader {self.path} ({self.kind}, {len(self._meta)} tensors)>"
+        n = len(self.tensor_names()) if self._data is not None else len(self._meta)
+        return f"<CheckpointReader {self.path} ({self.kind}, {n} tensors)>"
 
 
 class _Entry:
@@ -169,7 +200,7 @@ def tensor_lines(path: str | os.PathLike, checkpoint: int | None = None, *,
         total = 0
         for n in names:
             shape, tag = r.tensor_shape(n), r.tensor_dtype(n)
-            size = int(np.prod(shape, dtype=np.int64)) * r._meta[n][0].itemsize
+            size = int(np.prod(shape, dtype=np.int64)) * r._known(n)[0].itemsize
             total += size
             out.append(f"  {n:<{width}}  {shape!r:<16} {tag:<10} {size:>14,} B")
         out.append(f"  total {total:,} B")

@@ -22,13 +22,35 @@ from ..checksums import DEFAULT_CHECKSUM, digest_stream
 from .npy import NPY, Format
 from .raw import RAW
 from .safetensors import SAFETENSORS
-from .text import DENSE_TEXT, SPARSE_TEXT
 from .whole import DecodedWhole, check_file
 
 __all__ = ["DEFAULT_CHECKSUM", "FORMATS", "Format", "get_format", "register_format"]
 
-FORMATS: dict[str, Any] = {NPY.name: NPY, DENSE_TEXT.name: DENSE_TEXT, SPARSE_TEXT.name: SPARSE_TEXT, SAFETENSORS.name: SAFETENSORS,
-                           RAW.name: RAW}
+
+
+class _Table(dict):
+    """The format table; the text formats join it on first use (``FORMATS["dense-text"]`` or ``get_format``), so a
+    reader of npy and safetensors files never imports the text codecs."""
+
+    def __missing__(self, name: str) -> Any:
+        _load_text()
+        if name in self:
+            return self[name]
+        raise KeyError(name)
+
+
+FORMATS: dict[str, Any] = _Table({NPY.name: NPY, SAFETENSORS.name: SAFETENSORS, RAW.name: RAW})
+_TEXT_LOADED = False
+
+
+def _load_text() -> None:
+    global _TEXT_LOADED
+    if not _TEXT_LOADED:
+        _TEXT_LOADED = True
+        from .text import DENSE_TEXT, SPARSE_TEXT
+
+        for fmt in (DENSE_TEXT, SPARSE_TEXT):
+            FORMATS.setdefault(fmt.name, fmt)
 _ENTRY_POINTS_LOADED = False
 
 
@@ -78,6 +100,7 @@ def register_format(name: str, reader: Callable, writer: Callable, *, suffix: st
     """
     if not isinstance(name, str) or not name or "/" in name:
         raise RegistryError(f"format name must be a non-empty string without '/', got {name!r}")
+    _load_text()
     old = FORMATS.get(name)
     if old is not None and not (isinstance(old, UserFormat) and old.reader is reader and old.writer is writer):
         raise RegistryError(f"format {name!r} is already registered")
@@ -122,6 +145,8 @@ def _load_external() -> None:
 
 def get_format(name: str) -> Any:
     """The format called ``name`` (entry points are looked at once, when a name is unknown)."""
+    if name not in FORMATS:
+        _load_text()
     if name not in FORMATS:
         _load_external()
     if name not in FORMATS:

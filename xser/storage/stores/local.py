@@ -10,7 +10,6 @@ lives above this in ``disk/`` (``commit.py``, ``slots.py``, ``lock.py``), unchan
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
@@ -175,6 +174,8 @@ class LocalStore:
     def put_file(self, local: str, path: str) -> None:
         try:
             makedirs_durable(self.parent(path), durable=False)
+            import shutil
+
             shutil.copyfile(local, path)
         except OSError as e:
             raise os_error(e, "cannot write file", path, StorageError) from None
@@ -192,6 +193,8 @@ class LocalStore:
             try:
                 os.link(src, dst, follow_symlinks=False)
             except OSError:
+                import shutil
+
                 shutil.copyfile(src, dst, follow_symlinks=False)
         except OSError as e:
             raise os_error(e, "cannot copy file", dst, StorageError) from None
@@ -203,12 +206,16 @@ class LocalStore:
             except FileNotFoundError:
                 pass
             except IsADirectoryError:
+                import shutil
+
                 shutil.rmtree(p, ignore_errors=True)
             except OSError as e:
                 raise os_error(e, "cannot remove file", p, StorageError) from None
 
     def delete_prefix(self, prefix: str) -> None:
         if os.path.isdir(prefix) and not os.path.islink(prefix):
+            import shutil  # (here and above: on use, readers never need it)
+
             shutil.rmtree(prefix, ignore_errors=True)
         else:
             self.delete([prefix])
