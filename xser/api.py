@@ -24,8 +24,7 @@ from .storage.stores import options
 if TYPE_CHECKING:
     from .model.build import ExperimentSpec
 
-# The verbs import what they use when called (the model layer, the YAML parser, the save machinery): a process that
-# only reads arrays (``read_params``) imports the storage layer and nothing above it.
+# Each verb imports the layers it needs when called: a process that only reads arrays imports storage alone.
 
 __all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
