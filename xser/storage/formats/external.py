@@ -141,7 +141,7 @@ class AngelFormat(_BytesFormat):
             for j in range(0, cols, step):
                 band = np.empty(min(step, cols - j), rec)
                 band["c"] = np.arange(j, j + band.size)
-                band["v"] = a[:, j : j + band.size].T
+                _transpose_into(band["v"], a[:, j : j + band.size])
                 yield band.view(np.uint8)
             return
         step = max(1, _BAND // cols)
@@ -199,7 +199,7 @@ class AngelFormat(_BytesFormat):
                 if self.name == "binary-column":
                     if not (band["c"] == np.arange(i, i + band.size)).all():
                         return None
-                    out[:, i : i + band.size] = band["v"].T
+                    _transpose_into(out[:, i : i + band.size], band["v"])
                     continue
                 k = band.size // cols
                 ids = band["c"].reshape(k, cols)
@@ -227,6 +227,20 @@ class AngelFormat(_BytesFormat):
 
 
 _BAND = 1 << 18  # values per band of a binary layout (in cache)
+
+
+def _transpose_into(dest: np.ndarray, src: np.ndarray) -> None:
+    """``dest[...] = src.T`` in tiles along the long side, whose cache lines stay in the cache (one strided pass
+    over a whole tall band reloads every line once per column)."""
+    p, q = src.shape
+    if p >= q:
+        tile = max(1, (1 << 14) // max(1, q))
+        for r in range(0, p, tile):
+            dest[:, r : r + tile] = src[r : r + tile].T
+    else:
+        tile = max(1, (1 << 14) // max(1, p))
+        for c in range(0, q, tile):
+            dest[c : c + tile] = src[:, c : c + tile].T
 
 
 def _fill(f: BinaryIO, view: np.ndarray) -> bool:
