@@ -417,37 +417,3 @@ class TestAngelBinaryBands:
         p.write_bytes(rec.tobytes())
         assert bit_equal(read_file(fmt, p, np.dtype(np.float32), a.shape, p.stat().st_size, mmap=False, verify=None), a)
 
-
-class TestDecimalParser:
-    @settings(max_examples=150, deadline=None)
-    @given(st.lists(st.one_of(
-        st.floats(allow_nan=False, allow_infinity=False).map(repr),
-        st.floats(width=32, allow_nan=False, allow_infinity=False).map(lambda x: f"{x:.6g}"),
-        st.floats(allow_nan=False, allow_infinity=False).map(lambda x: f"{x:.17E}"),
-        st.integers(-(2**62), 2**62).map(str),
-        st.text("0123456789.-Ee", min_size=1, max_size=6),  # mostly not numbers: the whole text is then refused
-    ), min_size=1, max_size=40), st.integers(1, 64))
-    def test_same_as_c(self, tokens, chunk):
-        """Space-separated decimals parse to exactly the doubles C's strtod gives (Python's float), in chunks of any
-        size; a text with any token outside ``-?d+(.d+)?(E-?d+)?`` gives None."""
-        import re
-        from unittest import mock
-
-        from xser.storage.formats import decimal_text
-
-        text = " ".join(tokens).replace("e+", "e").replace("E+", "E")
-        tokens = text.split(" ")
-        with mock.patch.object(decimal_text, "_CHUNK", chunk):
-            got = decimal_text.parse_decimals(text.encode())
-        if all(re.fullmatch(r"-?[0-9]+(\.[0-9]+)?([eE]-?[0-9]+)?", t) for t in tokens):
-            want = np.array([float(t) for t in tokens])
-            assert got is not None and got.tobytes() == want.tobytes(), text
-        else:
-            assert got is None, text
-
-    @pytest.mark.parametrize("text", [b"", b" 1", b"1 ", b"1  2", b"1,2", b"nan", b"1e5.0", b"1.5.2", b"--1", b"1-2", b"1E", b".5", b"5."])
-    def test_refused(self, text):
-        from xser.storage.formats.decimal_text import parse_decimals
-
-        got = parse_decimals(text)
-        assert (got is not None and got.size == 0) if text == b"" else got is None

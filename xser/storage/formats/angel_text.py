@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from ...errors import DataError, Location
-from .decimal_text import parse_decimals
 from .java_text import parse_java
 
 __all__ = ["detect_sep", "fields", "first_lines", "infer_sep", "java_split", "number_column", "readable_separator", "separator_pattern"]
@@ -147,10 +146,6 @@ def fields(data: bytes, sep: str, n: int, path: str, expected: str, regex: bool 
 
 def _numbers(flat: bytes, body: bytes, sep_b: bytes, n: int, lines: int) -> np.ndarray:
     if b" " not in flat and b"\t" not in flat:  # C's parser, whitespace-separated (fields with blanks go the slow way)
-        spaced = flat.replace(sep_b, b" ")
-        numbers = parse_decimals(spaced)  # plain decimals (what Java writes but NaN and infinities) as arrays
-        if numbers is not None and numbers.size == lines * n and not (np.abs(numbers) >= 2.0**53).any():
-            return numbers.reshape(-1, n)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             try:
