@@ -160,3 +160,20 @@ class TestFastComposer:
             y._CParser = saved
         assert fast.tree == pure.tree
         assert fast.where(fast.tree, "x") == pure.where(pure.tree, "x")
+
+
+def test_dump_cache_tells_apart_trees_python_calls_equal():
+    """A model saved again and again renders its unchanged spec once (``dumping._RENDERED``); trees that Python
+    compares equal but YAML writes differently (1, 1.0, True; 0.0 and -0.0; key order) each get their own text."""
+    from xser.spec import dumping
+
+    trees = [{"a": 1}, {"a": 1.0}, {"a": True}, {"a": 0.0}, {"a": -0.0}, {"a": 1, "b": 2}, {"b": 2, "a": 1},
+             Tagged("!X", {"w": [1, 2]}), Tagged("!X", {"w": [1.0, 2]}), Tagged("!Y", {"w": [1, 2]})]
+    dumping._RENDERED.clear()
+    first = [dump(t) for t in trees]
+    assert len(set(first)) == len(trees)
+    assert len(dumping._RENDERED) == len(trees)
+    assert [dump(t) for t in trees] == first
+    assert first[1] == "{a: 1.0}\n" and first[4] == "{a: -0.0}\n"
+    nan = float("nan")
+    assert dump({"a": nan}) == dump({"a": float("nan")}) == "{a: .nan}\n"

@@ -51,13 +51,31 @@ def _clear_spec(path: str, text: str, edit: Any, durable: bool) -> None:
                      "object", path, kept, attrs.evolve(edit, path=kept).difference())
 
 
+#: a plan whose arrays hold fewer bytes than this is written on the caller's thread when not durable: handing a few
+#: small files to the pool costs more than writing them (no fsync to overlap)
+SMALL_PLAN = 1 << 20
+
+
+def _threads(plan: Any, options: SaveOptions) -> int:
+    threads = max(options.threads, options.shards or 0)
+    if threads > 1 and not options.durable:
+        total = 0
+        for piece in plan.pieces:
+            payload = piece.payload
+            total += len(payload) if isinstance(payload, bytes) else getattr(payload, "nbytes", SMALL_PLAN)
+            if total >= SMALL_PLAN:
+                return threads
+        return 1
+    return threads
+
+
 def _write_into(staging: Any, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
     """plan -> write -> finish into a staging directory."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
         formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards, pack=options.pack,
     )
-    results = write(staging.path, plan, durable=options.durable, threads=max(options.threads, options.shards or 0))
+    results = write(staging.path, plan, durable=options.durable, threads=_threads(plan, options))
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
     return staging
 

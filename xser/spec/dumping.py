@@ -107,6 +107,44 @@ def dump(tree: Any, *, yaml11: bool = False) -> str:
 
     ``yaml11=True`` writes what a YAML 1.1 loader (PyYAML: XNMT) reads back the same: strings it would take for
     booleans, nulls or numbers are quoted, and floats always have a '.' and a signed exponent."""
-    out = io.StringIO()
-    _dumper(yaml11).dump(tree, out)
-    return out.getvalue()
+    try:
+        key: Any = (yaml11, _key(tree))
+    except _Uncached:
+        key = None
+    text = _RENDERED.get(key) if key is not None else None
+    if text is None:
+        out = io.StringIO()
+        _dumper(yaml11).dump(tree, out)
+        text = out.getvalue()
+        if key is not None:
+            if len(_RENDERED) >= _RENDERED_MAX:
+                _RENDERED.clear()
+            _RENDERED[key] = text
+    return text
+
+
+#: texts already rendered, by ``_key`` of their tree: a model saved again and again renders its unchanged spec once
+#: (building the key walks the tree, far cheaper than ruamel's emitter)
+_RENDERED: dict[Any, str] = {}
+_RENDERED_MAX = 32
+
+
+class _Uncached(Exception):
+    """A tree holding a value whose text ``_key`` cannot tell apart exactly (rendered every time)."""
+
+
+def _key(v: Any) -> Any:
+    """A hashable value equal for two trees exactly when they render the same: every type kept (``1``, ``1.0`` and
+    ``True`` differ), floats by their repr (``-0.0``, ``nan``), keys in order."""
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return (t, v)
+    if t is float:
+        return (t, repr(v))
+    if t is dict:
+        return (t, tuple((_key(k), _key(x)) for k, x in v.items()))
+    if t is list:
+        return (t, tuple(_key(x) for x in v))
+    if t is Tagged:
+        return (t, v.tag if type(v.tag) is str else _key(v.tag), _key(v.args))
+    raise _Uncached

@@ -51,6 +51,7 @@ class ModelLock:
             except OSError as e:
                 raise CheckpointError(f"cannot create lock file: {e.strerror or e}", Location(self.path)) from None
             if fcntl is None:  # pragma: no cover - no flock on this platform
+                st = os.fstat(fd)
                 break
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,15 +70,17 @@ class ModelLock:
                     f"another process (pid {holder}) is saving this model; wait for it or save elsewhere",
                     Location(self.path),
                 ) from None
+            st = os.fstat(fd)
             try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                same = os.stat(self.path).st_ino == st.st_ino
             except FileNotFoundError:
                 same = False
             if same:
                 break
             os.close(fd)  # the file was removed by its previous holder: lock the new one
         try:  # the holder's pid, for the message above; a full disk must not keep the lock
-            os.ftruncate(fd, 0)
+            if st.st_size:  # (left by a killed holder; truncating an empty file would make ext4 flush it on close)
+                os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError:
             pass
