@@ -36,6 +36,32 @@ def steps_on_disk(path):
     return [c.step for c in xser.checkpoints(path)]
 
 
+def test_saver_deletes_what_it_prunes_after_the_save_returns(tmp_path, monkeypatch):
+    """A CheckpointSaver's pruned checkpoint is deleted by the deleter thread: the save returns first (the checkpoint
+    already out of the listing, under its trash name), the next save leaves it to that thread, close() waits for it."""
+    import threading
+
+    from xser.storage.disk import slots, trash
+
+    go = threading.Event()
+    real = slots.discard
+    monkeypatch.setattr(slots, "discard", lambda d: (go.wait(30), real(d))[1])
+    path = str(tmp_path / "m.yaml")
+    lin = model()
+    saver = xser.CheckpointSaver(path, keep=1)
+    try:
+        for step in (1, 2, 3):
+            lin.W[...] = step
+            saver.save(lin, step=step)
+        assert steps_on_disk(path) == [3]
+        held = sorted(n for n in os.listdir(tmp_path) if ".old-" in n or ".tmp-" in n)
+        assert len(held) == 2 and all(trash.pending(str(tmp_path / n)) for n in held)
+    finally:
+        go.set()
+        saver.close()
+    assert sorted(os.listdir(tmp_path)) == ["m.yaml", "m.yaml.data"] and not trash._pending
+
+
 class TestRotation:
     def test_keep_last(self, tmp_path):
         """Each save becomes .data; older ones shift to .data.1, .data.2; keep=N bounds them."""

@@ -130,6 +130,7 @@ def test_a_reader_waits_for_a_rotation_half_done(tmp_path, monkeypatch):
 def test_a_pruned_checkpoint_stays_whole_while_it_is_read(tmp_path):
     """A CheckpointReader on checkpoint 2 while three saves prune it: it reads it whole to the end; the saver leaves
     it under its trash name, and the first save after the reader closes removes it."""
+    from xser.storage.disk.trash import drain
     from xser.tools.reader import CheckpointReader
 
     path = str(tmp_path / "m.yaml")
@@ -139,6 +140,7 @@ def test_a_pruned_checkpoint_stays_whole_while_it_is_read(tmp_path):
             lin.W[...] = lin.b[...] = s
             saver.save(lin, step=s)
         assert [c.step for c in xser.checkpoints(path)] == [6, 5, 4]
+        drain()  # (the saver's deleter thread: done with the checkpoints no reader holds)
         trash = sorted(n for n in os.listdir(tmp_path) if ".old-" in n)
         assert len(trash) == 1 and trash[0].startswith("m.yaml.data.old-")
         assert {float(v) for n in r.tensor_names() for v in np.unique(r.read_tensor(n))} == {1.0}

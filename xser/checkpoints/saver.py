@@ -22,13 +22,14 @@ from ..spec.saved import hand_edit
 from ..storage.disk.commit import finish, new_id, remove_leftovers, stage
 from ..storage.objects.commit import latest
 from ..storage.stores import is_url, options, store_for
-from ..storage.fsutil import os_error, refuse_special
+from ..storage.fsutil import os_error, refuse_special, syncfs_usable
 from ..storage.layout import data_dir_of
 from ..storage.listing import Checkpoint, scan
+from ..storage.disk import trash
 from ..storage.disk.lock import ModelLock
 from ..storage.plan import plan_save
 from ..storage.write import write
-from .common import SaveOptions, SaveReport, before_writing
+from .common import BATCH_SYNC_BELOW, SMALL_PLAN, SaveOptions, SaveReport, before_writing, plan_bytes
 from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote
 from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
@@ -51,31 +52,19 @@ def _clear_spec(path: str, text: str, edit: Any, durable: bool) -> None:
                      "object", path, kept, attrs.evolve(edit, path=kept).difference())
 
 
-#: a plan whose arrays hold fewer bytes than this is written on the caller's thread when not durable: handing a few
-#: small files to the pool costs more than writing them (no fsync to overlap)
-SMALL_PLAN = 1 << 20
-
-
-def _threads(plan: Any, options: SaveOptions) -> int:
-    threads = max(options.threads, options.shards or 0)
-    if threads > 1 and not options.durable:
-        total = 0
-        for piece in plan.pieces:
-            payload = piece.payload
-            total += len(payload) if isinstance(payload, bytes) else getattr(payload, "nbytes", SMALL_PLAN)
-            if total >= SMALL_PLAN:
-                return threads
-        return 1
-    return threads
-
-
 def _write_into(staging: Any, snap: Snapshot, options: SaveOptions, previous: Any, model: str) -> Any:
     """plan -> write -> finish into a staging directory."""
     plan = plan_save(
         snap.arrays, spec_text=snap.spec_text, state_tree=snap.state_tree, state_arrays=snap.state_arrays,
         formats=snap.formats, blocks=options.blocks, previous=previous, shards=options.shards, pack=options.pack,
     )
-    results = write(staging.path, plan, durable=options.durable, threads=_threads(plan, options))
+    size = plan_bytes(plan, max(SMALL_PLAN, BATCH_SYNC_BELOW))
+    staging.batch = options.durable and size < BATCH_SYNC_BELOW and syncfs_usable(staging.path)
+    each = options.durable and not staging.batch  # each file fsynced by its writer
+    threads = max(options.threads, options.shards or 0) if each or size >= SMALL_PLAN else 1
+    results = write(staging.path, plan, durable=each, threads=threads)
+    if staging.batch:
+        staging.unsynced = [os.path.join(staging.path, r.rel) for r in results if not r.linked]
     finish(staging, plan, results, snap.meta, id=new_id(), model=model)
     return staging
 
@@ -106,6 +95,7 @@ class Prepared:
         self.path, self.snap, self.options, self.policy, self.restart = path, snap, options, policy, restart
         self.stack = contextlib.ExitStack()
         self.staging: Any = None
+        self.later = False  # the checkpoints it replaces or prunes deleted by the deleter thread (CheckpointSaver)
         self.published = False
         try:
             refuse_special_spec(path)
@@ -137,13 +127,15 @@ class Prepared:
             self.close()
             return SaveReport(True, None, set_aside=self.aside)
         path, staging, existing, options, s = self.path, self.staging, self.existing, self.options, self.s
+        s.close()  # (the checkpoints' descriptors: closed while they are still checkpoints, so the one that closes a
+        # deleted directory, and frees it, is the deleter thread's)
         _clear_spec(path, self.snap.spec_text, self.edit, options.durable)
         if self.restart:
             drop = [c.path for c, _ in existing]
             publish_new_model(path, [staging.path], drop, options.durable)
         elif self.policy is None:
             drop = [c.path for c, _ in existing if os.path.abspath(c.path) == os.path.abspath(data_dir_of(path, 0))]
-            replace_newest(path, staging.path, options.durable)
+            replace_newest(path, staging.path, options.durable, later=self.later)
         else:
             meta = staging.manifest
             new = Checkpoint(0, staging.path, meta["step"], meta["created"], meta["metrics"])
@@ -151,7 +143,7 @@ class Prepared:
             kept = retain(listed, self.policy)
             keep_dirs = [listed[i].path for i in kept if i > 0]
             drop = [c.path for c, _ in existing if c.path not in keep_dirs]
-            rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable)
+            rotate(path, staging.path, keep_dirs, drop, s.slots, options.durable, later=self.later)
         self.published = True
         removed = tuple(attrs.evolve(c, path=data_dir_of(path, s.slots[c.path])) for c, _ in existing if c.path in drop)
         self.stack.close()
@@ -172,14 +164,17 @@ def save_locked(
     check_all: bool = True,
     skip_duplicates: bool = False,
     since: list[int] | None = None,
+    later: bool = False,
 ) -> SaveReport:
     """The one save path (lock held). ``policy=None`` replaces the newest checkpoint (``xser.save``). ``since``: see
-    ``save_remote`` (object stores only)."""
+    ``save_remote`` (object stores only). ``later``: what the save replaces or prunes is deleted by the deleter
+    thread after it returns (``storage/disk/trash.py``; a ``CheckpointSaver`` waits for it when closed)."""
     if is_url(path):
         return save_remote(path, snap, options, policy=policy, restart=restart, check_all=check_all,
                            skip_duplicates=skip_duplicates, since=since)
     prepared = Prepared(path, snap, options, policy=policy, restart=restart, check_all=check_all,
                         skip_duplicates=skip_duplicates)
+    prepared.later = later
     try:
         if not prepared.skip:
             _write_into(prepared.staging, snap, options, prepared.previous, prepared.model)
@@ -336,6 +331,7 @@ class CheckpointSaver:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        trash.drain()  # the checkpoints its saves replaced or pruned are deleted before the lock goes
         self._lock.release()
         self._buffer = None
 
@@ -429,6 +425,6 @@ class CheckpointSaver:
         else:
             with os_errors(self.path), options(self.storage_options):
                 report = save_locked(self.path, snap, self.options, policy=self.policy, restart=restart, check_all=check_all,
-                                     skip_duplicates=True, since=self._since)
+                                     skip_duplicates=True, since=self._since, later=True)
         self._checked = True
         return report

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from ..errors import DataError, Location
 
 __all__ = [
-    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "syncfs_usable", "fs_type", "libc_function", "mappable", "open_regular", "os_error", "pread_into",
+    "O_READ", "file_size", "refuse_special", "fsync_dir", "fsync_file", "makedirs_durable", "sync_files", "syncfs", "syncfs_usable", "fs_type", "libc_function", "mappable", "open_regular", "os_error", "pread_into",
     "read_regular", "require_regular", "to_devnull",
 ]
 
@@ -146,8 +146,40 @@ def fs_type(path: str) -> str | None:
 def syncfs_usable(directory: str) -> bool:
     """One ``syncfs`` makes every file in ``directory`` durable, with errors reported: Linux >= 5.8 (before, syncfs
     returned 0 after writeback errors) and a local filesystem of ``SYNCFS_TYPES`` (a FUSE or network mount may not
-    pass it on to where the data lives)."""
-    return _SYNCFS is not None and _kernel_at_least(5, 8) and fs_type(directory) in SYNCFS_TYPES
+    pass it on to where the data lives). The answer is kept per filesystem (``st_dev``): a save asks every time."""
+    if _SYNCFS is None or not _kernel_at_least(5, 8):
+        return False
+    try:
+        dev = os.stat(directory).st_dev
+    except OSError:
+        dev = None
+    usable = _USABLE.get(dev) if dev is not None else None
+    if usable is None:
+        usable = fs_type(directory) in SYNCFS_TYPES
+        if dev is not None:
+            _USABLE[dev] = usable
+    return usable
+
+
+_USABLE: dict[int, bool] = {}  # st_dev -> syncfs_usable
+
+
+def syncfs(directory: str) -> bool:
+    """One ``syncfs`` of the filesystem that holds ``directory`` (every file's data and metadata, directories
+    included, made durable); False, having done nothing, where it is not usable (``syncfs_usable``) or the filesystem
+    refuses it. A writeback error is an ``OSError``."""
+    if not syncfs_usable(directory):
+        return False
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        if _SYNCFS(fd) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+            raise OSError(err, os.strerror(err), directory)
+        return False
+    finally:
+        os.close(fd)
 
 
 def sync_files(directory: str, paths: list[str]) -> None:
@@ -155,16 +187,8 @@ def sync_files(directory: str, paths: list[str]) -> None:
     ``directory`` where it is usable (``syncfs_usable``: one call instead of one fsync per file, and a rank of a
     distributed save writes thousands), else an fsync of each file. A writeback error is an ``OSError`` either way.
     (``syncfs`` also waits for other processes' dirty data on that filesystem.)"""
-    if syncfs_usable(directory):
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            if _SYNCFS(fd) == 0:
-                return
-            err = ctypes.get_errno()
-            if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
-                raise OSError(err, os.strerror(err), directory)
-        finally:
-            os.close(fd)
+    if syncfs(directory):
+        return
     for path in paths:
         fsync_file(path)
 

@@ -23,9 +23,10 @@ from typing import Any
 import attrs
 
 from ...errors import DataError, Location, StorageError
-from ..fsutil import fsync_dir, libc_function, makedirs_durable, os_error
+from ..fsutil import fsync_dir, fsync_file, libc_function, makedirs_durable, os_error, syncfs
 from .dirhandle import O_DIR
 from ..layout import OLD_MARK, leftovers, temp_name
+from . import trash
 from .lock import claim
 from ..manifest import MANIFEST, block_json, new_manifest, param_json, render_manifest, spec_json
 from ..plan import Plan
@@ -71,6 +72,10 @@ class Staging:
     manifest: dict = attrs.field(factory=dict)
     written: int = 0
     linked: int = 0
+    #: durable, with the files written unsynced (``unsynced``, outside the manifest): ``finish_manifest`` makes them,
+    #: the manifest and every directory durable with one ``syncfs`` (``fsutil.syncfs``), or fsyncs each where it fails
+    batch: bool = False
+    unsynced: list = attrs.field(factory=list)
 
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -160,14 +165,19 @@ def finish_manifest(staging: Staging, manifest: dict, dirs: Any) -> dict:
     """Write ``manifest`` (last) into the staging directory, fsync it, the directories ``dirs`` and the staging
     directory itself; return it."""
     path = os.path.join(staging.path, MANIFEST)
+    each = staging.durable and not staging.batch
     try:
         with open(path, "x", encoding="utf-8") as f:
             f.write(render_manifest(manifest))
             os.fchmod(f.fileno(), READ_ONLY)
-            if staging.durable:
+            if each:
                 f.flush()
                 os.fsync(f.fileno())
-        if staging.durable:
+        if staging.batch and staging.durable and not syncfs(staging.path):
+            for p in staging.unsynced + [path]:  # (syncfs refused after all: each file, then the directories)
+                fsync_file(p)
+            each = True
+        if each:
             for d in dirs:
                 fsync_dir(os.path.join(staging.path, d))
             fsync_dir(staging.path)
@@ -295,6 +305,8 @@ def remove_leftovers(spec_path: str) -> list[str]:
     """
     removed = []
     for full in leftovers(spec_path):
+        if trash.pending(full):
+            continue  # this process's deleter thread is removing it (trash.py)
         if os.path.isdir(full) and not os.path.islink(full):
             if not discard(full):
                 continue  # a checkpoint a reader still reads (pruned or replaced under it): removed by a later save

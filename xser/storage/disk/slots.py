@@ -16,6 +16,7 @@ from .commit import discard, publish, remove_leftovers, to_trash
 from ..fsutil import fsync_dir
 from ..layout import DAMAGED_MARK, data_dir_of, temp_name
 from .lock import ListingLock
+from .trash import defer
 from ..scanned import Scan
 
 __all__ = ["publish_new_model", "recover", "replace_newest", "rotate"]
@@ -27,9 +28,13 @@ def _trash_base(spec_path: str) -> str:
     return data_dir_of(spec_path, 0)
 
 
-def _discard_all(dirs: list[str | None]) -> None:
-    """Delete directories that are no longer checkpoints (after the renames: outside the listing lock); one a
-    reader still has open stays under its trash name until a later save (``commit.discard``)."""
+def _discard_all(dirs: list[str | None], later: bool = False) -> None:
+    """Delete directories that are no longer checkpoints (after the renames: outside the listing lock); ``later``:
+    on the deleter thread (``trash.py``), after the save returns. One a reader still has open stays under its trash
+    name until a later save (``commit.discard``)."""
+    if later:
+        defer(dirs, discard)
+        return
     for d in dirs:
         if d is not None:
             discard(d)
@@ -60,7 +65,8 @@ def recover(spec_path: str, scan: Scan, *, durable: bool) -> tuple[str, ...]:
     return tuple(aside)
 
 
-def rotate(spec_path: str, new_dir: str, keep_dirs: list[str], drop_dirs: list[str], slots: dict[str, int], durable: bool) -> None:
+def rotate(spec_path: str, new_dir: str, keep_dirs: list[str], drop_dirs: list[str], slots: dict[str, int], durable: bool,
+           *, later: bool = False) -> None:
     """Prune, shift and publish so that slot 0 is ``new_dir`` and slots 1.. are ``keep_dirs`` in order.
 
     Dropped checkpoints disappear first (one rename each to a trash name), then the kept ones
@@ -68,7 +74,7 @@ def rotate(spec_path: str, new_dir: str, keep_dirs: list[str], drop_dirs: list[s
     checkpoint takes slot 0. A kill at any point leaves whole checkpoints in their order (at
     worst a gap, or slot 0 empty for a moment: then the newest that exists is the old newest).
     Readers never see those moments: the renames hold the listing lock (``storage.lock``), and
-    the dropped checkpoints are deleted after it, unless a reader still reads them.
+    the dropped checkpoints are deleted after it, unless a reader still reads them (``later``: by the deleter thread).
     """
     parent = os.path.dirname(os.path.abspath(spec_path))
     with ListingLock(spec_path, exclusive=True):
@@ -84,16 +90,17 @@ def rotate(spec_path: str, new_dir: str, keep_dirs: list[str], drop_dirs: list[s
         trashed.append(publish(new_dir, data_dir_of(spec_path, 0), _trash_base(spec_path)))
     if durable:
         fsync_dir(parent)
-    _discard_all(trashed)
+    _discard_all(trashed, later)
 
 
-def replace_newest(spec_path: str, new_dir: str, durable: bool) -> None:
-    """Put ``new_dir`` at slot 0 by one atomic exchange (or a rename into the empty slot)."""
+def replace_newest(spec_path: str, new_dir: str, durable: bool, *, later: bool = False) -> None:
+    """Put ``new_dir`` at slot 0 by one atomic exchange (or a rename into the empty slot); ``later``: the old one
+    is deleted by the deleter thread."""
     with ListingLock(spec_path, exclusive=True):
         old = publish(new_dir, data_dir_of(spec_path, 0), _trash_base(spec_path))
     if durable:
         fsync_dir(os.path.dirname(os.path.abspath(spec_path)))
-    _discard_all([old])
+    _discard_all([old], later)
 
 
 def publish_new_model(spec_path: str, new_dirs: list[str], old_dirs: list[str], durable: bool) -> None:
