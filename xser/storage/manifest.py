@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _version
 from ..errors import DataError, Location, did_you_mean
-from .checksums import CHECKSUMS
+from .checksums import CHECKSUMS, DEFAULT_CHECKSUM
 from .formats import FORMATS, get_format
 from .formats.npy import parse_dtype
 from .manifest_json import descr as _descr
@@ -273,37 +273,38 @@ def _dtype(descr: Any) -> np.dtype:
 
 
 def _entry(sub: str, pname: Any, e: Any, mpath: str, names: dict | None = None) -> ParamEntry:
-    where = f"{sub}/{pname}"
     if not isinstance(pname, str) or not pname or "/" in pname:
-        raise _bad(f"{where}: parameter names are non-empty strings without '/'", mpath)
+        raise _bad(f"{sub}/{pname}: parameter names are non-empty strings without '/'", mpath)
     if not isinstance(e, dict):
-        raise _bad(f"{where}: entry must be a mapping", mpath)
+        raise _bad(f"{sub}/{pname}: entry must be a mapping", mpath)
     try:
         dtype = _dtype(e["dtype"])
         if not isinstance(e["shape"], list):
             raise ValueError(f"bad shape {e['shape']!r}")
         shape = tuple(e["shape"])
-        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 62 for s in shape):
-            raise ValueError(f"bad shape {e['shape']!r}")
+        for s in shape:  # (plain ints from JSON: a bool is not one)
+            if type(s) is not int or not 0 <= s < 1 << 62:
+                raise ValueError(f"bad shape {e['shape']!r}")
         blocks = e["blocks"]
         if not isinstance(blocks, list) or not blocks:
             raise ValueError("blocks must be a non-empty list")
-        parsed = tuple(_check_block(b, shape, mpath, names) for b in blocks)
-        check_tiling(parsed, shape)
+        parsed = tuple([_check_block(b, shape, mpath, names) for b in blocks])
+        if len(parsed) > 1 or parsed[0].start is not None:
+            check_tiling(parsed, shape)
         trainable = e.get("trainable", True)
-        if not isinstance(trainable, bool):
+        if trainable is not True and trainable is not False:
             raise ValueError(f"trainable must be true or false, got {trainable!r}")
         extra = e.get("attrs", {})
-        if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in extra.items()):
+        if not isinstance(extra, dict) or (extra and not all(isinstance(k, str) and isinstance(v, dict) for k, v in extra.items())):
             raise ValueError("attrs must map a system's name to a mapping")
     except DataError:
         raise
     except KeyError as err:
-        raise _bad(f"{where}: missing field {err.args[0]!r}", mpath) from None
+        raise _bad(f"{sub}/{pname}: missing field {err.args[0]!r}", mpath) from None
     except ImportError as err:  # an extension dtype (bfloat16) without ml_dtypes: not corrupt, but unreadable here
-        raise DataError(f"{where}: {err}", Location(mpath)) from None
+        raise DataError(f"{sub}/{pname}: {err}", Location(mpath)) from None
     except (TypeError, ValueError, OverflowError) as err:
-        raise _bad(f"{where}: {err}", mpath) from None
+        raise _bad(f"{sub}/{pname}: {err}", mpath) from None
     return ParamEntry(sub, pname, dtype, shape, trainable, parsed, extra)
 
 
@@ -347,11 +348,13 @@ def _check_block(b: Any, shape: tuple, mpath: str, names: dict | None = None) ->
         raise ValueError("a block must be a mapping")
     if not b.keys() <= _BLOCK_KEYS:
         raise ValueError(f"block fields not understood by this xser: {sorted(set(b))}")
-    sums = [k for k in CHECKSUMS if k in b]
-    if len(sums) != 1 or not isinstance(b[sums[0]], str):
-        raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
-    algo = sums[0]
-    digest = b[algo]
+    digest, algo = b.get(DEFAULT_CHECKSUM), DEFAULT_CHECKSUM  # the usual block: xxh3_64 alone
+    if type(digest) is not str or any(k in b for k in CHECKSUMS if k != algo):
+        sums = [k for k in CHECKSUMS if k in b]
+        if len(sums) != 1 or not isinstance(b[sums[0]], str):
+            raise ValueError(f"a block needs exactly one checksum ({' or '.join(CHECKSUMS)})")
+        algo = sums[0]
+        digest = b[algo]
     int(digest, 16)
     fmt = b["format"]
     if fmt not in FORMATS and (not isinstance(fmt, str) or get_format(fmt) is None):
