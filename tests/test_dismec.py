@@ -455,3 +455,24 @@ def test_export_of_a_matrix_saved_by_several_ranks(tmp_path):
     export_dismec(path, f"{sub}/W", tmp_path / "dm" / "model.json", format="DenseNPY")
     name = import_dismec(tmp_path / "dm" / "model.json", tmp_path / "back.yaml")
     assert np.array_equal(xser.read_params(tmp_path / "back.yaml")[name]["weights"], w_rows(2, 0, 23))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 5), st.integers(0, 7), st.integers(1, 17), st.sampled_from([0.0, 0.5, 1e-30]), st.sampled_from([1, 3, 1 << 16]),
+       st.sampled_from([np.float32, np.float64]), st.data())
+def test_batched_text_is_value_by_value(rows, cols, precision, culling, batch, dtype, data):
+    """DenseTXT and SparseTXT, formatted a batch of rows at a time, are byte for byte the value-by-value text
+    (C's %.{P}g through Python's format), for any values: subnormals, huge and tiny exponents, -0.0, inf and nan."""
+    from unittest import mock
+
+    from hypothesis.extra import numpy as hnp
+
+    from xser.storage.formats import dismec_codec as dc
+
+    a = data.draw(hnp.arrays(dtype, (rows, cols), elements=st.floats(width=32 if dtype == np.float32 else 64, allow_subnormal=True)))
+    g = lambda v: format(float(v), f".{precision}g")  # noqa: E731
+    dense = "".join(" ".join(g(v) for v in row) + "\n" for row in a.tolist()).encode("ascii")
+    sparse = "".join("".join(f"{j}:{g(v)} " for j, v in enumerate(row) if abs(v) > culling) + "\n" for row in a.tolist()).encode("ascii")
+    with mock.patch.object(dc, "BATCH_VALUES", batch):
+        assert dc.dense_text(a, precision) == dense
+        assert dc.sparse_text(a, precision, culling) == sparse

@@ -16,15 +16,44 @@ def g(x: float, precision: int) -> str:
     return format(float(x), f".{precision}g")
 
 
+#: values per batch of ``%`` formatting (one format string for many values)
+BATCH_VALUES = 1 << 16
+
+
 def dense_text(rows: np.ndarray, precision: int) -> bytes:
-    return "".join(" ".join(g(v, precision) for v in row) + "\n" for row in rows.tolist()).encode("ascii")
+    """Rows of ``%.{P}g`` values separated by spaces, a newline after each: one ``%`` over a format string of a
+    batch of rows (Python's ``%`` and ``format`` print a float alike), several times faster than value by value."""
+    r, c = rows.shape
+    if not c:
+        return b"\n" * r
+    line = " ".join([f"%.{precision}g"] * c) + "\n"
+    step = max(1, BATCH_VALUES // c)
+    out = []
+    for start in range(0, r, step):
+        part = rows[start : start + step]
+        out.append(((line * part.shape[0]) % tuple(part.astype(np.float64).ravel().tolist())).encode("ascii"))
+    return b"".join(out)
 
 
 def sparse_text(rows: np.ndarray, precision: int, culling: float) -> bytes:
-    lines = []
-    for row in rows.tolist():
-        lines.append("".join(f"{j}:{g(v, precision)} " for j, v in enumerate(row) if abs(v) > culling) + "\n")
-    return "".join(lines).encode("ascii")
+    """``j:%.{P}g `` for each value whose magnitude exceeds ``culling``, a newline after each row; batched like
+    ``dense_text`` (column and value of each kept entry side by side in one tuple)."""
+    r, c = rows.shape
+    token = f"%d:%.{precision}g "
+    out = []
+    step = max(1, BATCH_VALUES // max(1, c))
+    for start in range(0, r, step):
+        part = np.asarray(rows[start : start + step], np.float64)
+        with np.errstate(invalid="ignore"):
+            keep = np.abs(part) > culling
+        counts = np.count_nonzero(keep, axis=1).tolist()
+        ri, ci = np.nonzero(keep)
+        pairs = np.empty((ci.size, 2))
+        pairs[:, 0] = ci
+        pairs[:, 1] = part[ri, ci]
+        fmt = "".join(token * n + "\n" for n in counts)
+        out.append((fmt % tuple(pairs.ravel().tolist())).encode("ascii"))
+    return b"".join(out)
 
 
 def dismec_npy(rows: np.ndarray) -> bytes:
