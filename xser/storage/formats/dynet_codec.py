@@ -131,4 +131,10 @@ def _line(a: np.ndarray) -> Iterator[bytes]:
 
 
 def _format_band(band: np.ndarray) -> bytes:
+    if band.ndim == 2 and not band.flags.c_contiguous:  # rows of a transpose: copied in tiles that stay in the cache
+        out = np.empty(band.shape, np.float32)
+        tile = max(1, (1 << 14) // max(1, band.shape[0]))
+        for c in range(0, band.shape[1], tile):
+            out[:, c : c + tile] = band[:, c : c + tile]
+        band = out
     return format_float32(np.ascontiguousarray(band)).tobytes()
