@@ -239,8 +239,8 @@ def _mean_chunk(
         # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
         # multiply a float32 piece by a float64 scalar weight in float32
         if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-            if unit and len(sources) > 1:
-                src0 = src  # its buffer is the first checkpoint's own: added to the second one's in one pass
+            if unit and len(sources) > 1 and conv is None:
+                src0 = src  # its buffer is the first checkpoint's own (never ``conv``, which the next one reuses)
             else:
                 np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
         elif src0 is not None:  # widened and added in one pass: the same sum as a copy, then an add
