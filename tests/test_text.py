@@ -418,3 +418,23 @@ class TestAngelBinaryBands:
         p.write_bytes(rec.tobytes())
         assert bit_equal(read_file(fmt, p, np.dtype(np.float32), a.shape, p.stat().st_size, mmap=False, verify=None), a)
 
+
+
+class TestSparseTextFullRows:
+    @settings(max_examples=60, deadline=None)
+    @given(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.sampled_from([1, 9, 10, 11, 101])),
+                      elements=st.floats(width=32, allow_nan=False, allow_infinity=False).filter(lambda x: x != 0) | st.just(-0.0)))
+    def test_rows_keeping_every_value(self, a):
+        """Rows that keep every value (index runs of 1, 2 and 3 digits) are printf's ``j:%+.8e `` tokens, and read back
+        bit for bit; one index changed sends the file to the general reader, which names the line."""
+        from xser.storage.formats.float_text import _sparse_block, _sparse_fast
+
+        text = _sparse_block(a, 0.0)
+        assert text == "".join("".join(f"{j}:{v:+.8e} " for j, v in enumerate(row)) + "\n" for row in a.tolist()).encode()
+        lines = text.split(b"\n")[:-1]
+        assert bit_equal(_sparse_fast(lines, *a.shape, np.dtype(np.float32)), a)
+        if a.shape[1] > 1:
+            bad = [lines[0].replace(b" 1:", b" 2:", 1)] + lines[1:]
+            assert _sparse_fast(bad, *a.shape, np.dtype(np.float32)) is None
+            with pytest.raises(xser.DataError, match="index 2 after 2: indices must ascend"):
+                SPARSE_TEXT._parse(bad, *a.shape, np.dtype(np.float32), "x")

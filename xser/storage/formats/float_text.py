@@ -6,6 +6,7 @@ sparse-text and DyNet text codecs.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -170,9 +171,55 @@ def decimal_digits(v: np.ndarray) -> np.ndarray:
     return n
 
 
+@functools.cache
+def _full_row(cols: int) -> tuple[int, list[tuple[int, int, int, int, np.ndarray]]]:
+    """The layout of a sparse-text row that keeps all ``cols`` values: its length, and per run of column indices
+    with the same number of digits (start in the row, first column, columns, digits, their ``j:`` texts)."""
+    runs, at, j = [], 0, 0
+    while j < cols:
+        w = len(str(j))
+        end = min(cols, 10**w)
+        text = np.frombuffer("".join(f"{k}:" for k in range(j, end)).encode(), np.uint8).reshape(end - j, w + 1)
+        runs.append((at, j, end - j, w, text))
+        at += (end - j) * (w + 17)
+        j = end
+    return at + 1, runs
+
+
+def _full_rows(block: np.ndarray) -> bytes:
+    """sparse-text of rows that keep every value: each run of same-width indices is a strided view (no per-digit work)."""
+    rows, cols = block.shape
+    length, runs = _full_row(cols)
+    out = np.empty((rows, length), np.uint8)
+    chars = format_float32(block).reshape(rows, cols, 16)
+    for at, j, n, w, text in runs:
+        cells = out[:, at : at + n * (w + 17)].reshape(rows, n, w + 17)
+        cells[:, :, : w + 1] = text
+        cells[:, :, w + 1 :] = chars[:, j : j + n]
+    out[:, -1] = 10
+    return out.tobytes()
+
+
+def _full_parse(raw: np.ndarray, rows: int, cols: int) -> np.ndarray | None:
+    """Inverse of ``_full_rows`` for (rows, row length) bytes; None if any byte differs from that form."""
+    length, runs = _full_row(cols)
+    if raw.shape != (rows, length) or not (raw[:, -1] == 10).all():
+        return None
+    chars = np.empty((rows, cols, 16), np.uint8)
+    for at, j, n, w, text in runs:
+        cells = raw[:, at : at + n * (w + 17)].reshape(rows, n, w + 17)
+        if not (cells[:, :, : w + 1] == text).all():
+            return None
+        chars[:, j : j + n] = cells[:, :, w + 1 :]
+    values = parse_float32(chars.reshape(-1, 16), sep=32)
+    return None if values is None else values.reshape(rows, cols)
+
+
 def _sparse_block(block: np.ndarray, threshold: float) -> bytes:
     """sparse-text lines of finite float32 rows: ``j:%+.8e `` per kept value, ``\\n`` per row, built as one byte array."""
     keep = (np.abs(block) > threshold) if threshold else ((block != 0) | np.signbit(block))
+    if keep.all() and block.size:
+        return _full_rows(block)
     r, c = np.nonzero(keep)
     digits = decimal_digits(c)
     width = digits + 17  # "j" + ":" + 15 characters of the value + " "
@@ -200,6 +247,10 @@ def _sparse_fast(lines: list[bytes], rows: int, cols: int, dtype: np.dtype) -> n
     """sparse-text in the form xser writes (``j:%+.8e `` tokens), parsed as arrays; None for any other form."""
     if dtype != np.float32 or not lines:
         return None
+    if cols and all(len(line) == len(lines[0]) for line in lines) and len(lines[0]) == _full_row(cols)[0] - 1:  # every value kept
+        full = _full_parse(np.frombuffer(b"\n".join(lines) + b"\n", np.uint8).reshape(rows, -1), rows, cols)
+        if full is not None:
+            return full
     data = np.frombuffer(b"\n".join(lines) + b"\n", np.uint8)
     colon = np.flatnonzero(data == ord(":"))
     ends = np.flatnonzero(data == ord("\n"))
