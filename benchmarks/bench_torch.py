@@ -140,6 +140,9 @@ def main(argv=None):
                 t, out = timed(lambda: torch.load(os.path.join(d, "t.pt"), weights_only=True), total)
                 rec("torch.load", t)
                 del out
+                t, out = timed(lambda: torch.load(os.path.join(d, "t.pt"), weights_only=True, mmap=True), total)
+                rec("torch.load mmap=True", t)
+                del out
                 rec("xser.load mmap=True, fresh process", fresh(CHILD_OPEN.format(here=here, path=path)))
                 shutil.rmtree(d)
             peak = fresh(CHILD_PEAK.format(here=here, n=n, rows=rows, cols=cols, dtype=dtype, path=os.path.join(root, "peak", "m.yaml")))
@@ -160,6 +163,10 @@ def main(argv=None):
             print(f"| xser.load mmap=True + touch / safetensors.torch.load_file + touch | "
                   f"{med['xser.load mmap=True + touch every page'] / med['safetensors.torch.load_file + touch every page']:.2f} | (like for like) |")
             print(f"| xser.load / torch.load | {med['xser.load'] / med['torch.load']:.2f} | (reference) |")
+            print(f"| xser.load mmap=True / torch.load(mmap=True), both untouched (issue 23: <= 1.0) | "
+                  f"{med['xser.load mmap=True'] / med['torch.load mmap=True']:.2f} | <= 1.0 |")
+            print(f"| xser.load (eager) + touch / safetensors.torch.load_file + touch (issue 23: <= 1.0) | "
+                  f"{med['xser.load + touch every page'] / med['safetensors.torch.load_file + touch every page']:.2f} | <= 1.0 |")
             print(f"| lazy open in a fresh process, ms | {med['xser.load mmap=True, fresh process'] * 1000:.1f} | <= 5 |")
             print(f"| peak memory a save adds, MiB (one tensor: {one / 2**20:.0f} MiB) | {peak / 2**20:.1f} | <= {one / 2**20:.0f} |")
             print()

@@ -9,13 +9,13 @@ Every error xser raises on bad input is an ``XserError`` carrying a ``Location``
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-import attrs
+from typing import Any
 
 __all__ = [
     "key_lists",
     "CheckpointError",
     "DataError",
+    "Frozen",
     "Location",
     "RegistryError",
     "SpecError",
@@ -25,17 +25,67 @@ __all__ = [
 ]
 
 
-@attrs.frozen
-class Location:
+class Frozen:
+    """An immutable record of the fields ``__slots__`` names, as ``attrs.frozen`` makes them (equality and hash over
+    the fields, less ``_not_compared``; a repr; no assignment; pickles by its constructor), written out so that the
+    modules a reader of a few arrays imports (errors, the manifest, dtypes) need no attrs: each subclass has its own
+    ``__init__``, which sets the fields with ``object.__setattr__``."""
+
+    __slots__: tuple[str, ...] = ()
+    _not_compared: tuple[str, ...] = ()
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.__slots__ if f not in self._not_compared)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self) -> int:
+        return hash((self.__class__,) + self._values())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self.__slots__)})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable (can't set {name!r}); use evolve()")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable (can't delete {name!r})")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), tuple(getattr(self, f) for f in self.__slots__))
+
+    def evolve(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (``attrs.evolve``)."""
+        values = {f: getattr(self, f) for f in self.__slots__}
+        values.update(changes)
+        return type(self)(**values)
+
+
+class Location(Frozen):
     """Where something is: a file, a 1-based line and column, and a dotted key path."""
 
-    file: str | None = None
-    line: int | None = None
-    column: int | None = None
-    path: str | None = None
+    __slots__ = ("file", "line", "column", "path")
+    file: str | None
+    line: int | None
+    column: int | None
+    path: str | None
+
+    def __init__(self, file: str | None = None, line: int | None = None, column: int | None = None, path: str | None = None) -> None:
+        set_ = object.__setattr__
+        set_(self, "file", file)
+        set_(self, "line", line)
+        set_(self, "column", column)
+        set_(self, "path", path)
 
     def with_path(self, path: str | None) -> Location:
-        return attrs.evolve(self, path=path)
+        return Location(self.file, self.line, self.column, path)
 
     def __str__(self) -> str:
         parts = []

@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import DataError, Location
 from .fsutil import mappable, pread_into
 from .manifest import ParamEntry
-from .pool import pool
 from .progress import advance
+
+if TYPE_CHECKING:  # (concurrent.futures and the pool are imported by the first read that uses a thread)
+    from concurrent.futures import Future
 
 __all__ = ["Done", "Part", "read_many", "stop"]
 
@@ -53,6 +54,8 @@ def read_many(d: Any, entries: Iterable[ParamEntry], *, mmap: bool = False, veri
             groups.setdefault(b.file, []).append(e)
         else:
             singles.append((e, r))
+    from .pool import pool
+
     ex = pool() if groups or singles else None
     for es in groups.values():
         for batch in _batches(es, 4096):
@@ -198,6 +201,8 @@ class Done:
 
 def stop(futs: Iterable[Any]) -> None:
     """Cancel the reads that have not started and wait for the running ones (a batch once for all its parts)."""
+    from concurrent.futures import Future, wait
+
     pending = {}
     for f in futs:
         f = f.future if isinstance(f, Part) else f

@@ -16,20 +16,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import attrs
 import numpy as np
+
+from ..errors import Frozen
 
 __all__ = ["DTYPES", "DType", "dtype_problem", "entry_of", "find", "from_safetensors", "is_averaged", "ml_dtype", "resolve", "storage_of", "tag_of"]
 
 
-@attrs.frozen
-class DType:
+class DType(Frozen):
+    __slots__ = ("tag", "storage", "safetensors", "torch", "average", "extension")
     tag: str  # the name: numpy's, torch's and ml_dtypes' own
     storage: np.dtype  # what the .npy file holds (the bits of an extension dtype)
     safetensors: str | None  # the safetensors header's dtype (None: safetensors has none)
     torch: str  # the attribute of ``torch`` (torch.bfloat16)
     average: str | None  # the precision it is averaged in (None: copied from the newest checkpoint)
-    extension: bool = False  # not a numpy dtype: ml_dtypes in memory, raw bits on disk
+    extension: bool  # not a numpy dtype: ml_dtypes in memory, raw bits on disk
+
+    def __init__(self, tag: str, storage: np.dtype, safetensors: str | None, torch: str, average: str | None,
+                 extension: bool = False) -> None:
+        for name, value in (("tag", tag), ("storage", storage), ("safetensors", safetensors), ("torch", torch),
+                            ("average", average), ("extension", extension)):
+            object.__setattr__(self, name, value)
 
 
 def _t(tag: str, storage: str, st: str | None, average: str | None, extension: bool = False) -> DType:

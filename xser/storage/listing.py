@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from ..errors import CheckpointError, DataError, Location, XserError
@@ -25,10 +26,27 @@ from .layout import data_dir_of, slot_names, slot_of
 from .disk.lock import ListingLock
 from .manifest import NewerFormatError
 from .opened import MissingDir, OpenedDir
-from .scanned import Best, Checkpoint, Scan, best_n, record_of, score
 from .stores import is_url, options, store_for
 
 __all__ = ["Best", "Checkpoint", "Scan", "best_n", "checkpoints", "open_checkpoint", "refuse_slot", "scan", "score", "selector"]
+
+if TYPE_CHECKING:
+    from .scanned import Best, Checkpoint, Scan, best_n, score  # noqa: F401
+_SCANNED = frozenset({"Best", "Checkpoint", "Scan", "best_n", "score"})
+
+
+def __getattr__(name: str) -> Any:
+    """The listing's records (``scanned``), imported on first use: opening the newest checkpoint needs none of them."""
+    if name in _SCANNED:
+        from . import scanned
+
+        return getattr(scanned, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_best(checkpoint: Any) -> bool:
+    scanned = sys.modules.get(f"{__package__}.scanned")  # (no Best exists before its module is imported)
+    return scanned is not None and isinstance(checkpoint, scanned.Best)
 
 ATTEMPTS = 200  # listings retried until stable; a rotation step takes microseconds to milliseconds
 
@@ -41,6 +59,8 @@ def scan(spec_path: str | os.PathLike, *, saver: bool = False) -> Scan:
     the caller holds the model lock, so nothing moves; its checkpoints are opened unpinned.
     """
     spec_path = os.fspath(spec_path)
+    from .scanned import Scan, record_of
+
     if is_url(spec_path):  # an object store: the newest commit record says what the model holds
         from .objects.commit import remote_scan  # (the object-store protocol is imported by its first URL)
 
@@ -111,6 +131,8 @@ def _stable(spec_path: str, slots: list[tuple[int, str]], opened: list[tuple[int
 
 def checkpoint_record(d: OpenedDir) -> Checkpoint:
     """The listing record of one opened checkpoint (its index is unknown here: 0)."""
+    from .scanned import record_of
+
     return record_of(0, d)
 
 
@@ -137,7 +159,9 @@ def checkpoints(path: str | os.PathLike, *, storage_options: Mapping[str, Any] |
 def selector(checkpoint: Any = 0, metric: str | None = None, mode: str = "max", path: str = "") -> int | Best:
     """One checkpoint selection from the public arguments: an index (0 = newest), ``"last"``, ``"best"``
     with ``metric`` (and ``mode``), or a ``Best``."""
-    if checkpoint == "best" or isinstance(checkpoint, Best):
+    if checkpoint == "best" or _is_best(checkpoint):
+        from .scanned import Best
+
         if isinstance(checkpoint, Best):
             return checkpoint
         if metric is None:
@@ -150,7 +174,7 @@ def selector(checkpoint: Any = 0, metric: str | None = None, mode: str = "max", 
 
 
 def check_index(path: str, checkpoint: Any) -> Any:
-    if isinstance(checkpoint, Best):
+    if _is_best(checkpoint):
         return checkpoint
     if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
         raise CheckpointError(f'checkpoint must be an int >= 0, "last" or "best" (with metric=), got {checkpoint!r}', Location(path))

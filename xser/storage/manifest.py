@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
 import numpy as np
 
 from .. import _version
@@ -25,6 +24,7 @@ from .formats.npy import parse_dtype
 from .manifest_json import descr as _descr
 from .manifest_json import render_manifest
 from .lazy_entries import LazyParams
+from .manifest_records import Block, Manifest, ParamEntry
 
 __all__ = [
     "FORMAT_VERSION",
@@ -58,66 +58,6 @@ class NewerFormatError(DataError):
 
     def __reduce__(self):
         return (type(self), (self.message, self.location, self.version))
-
-
-@attrs.frozen
-class Block:
-    """One file holding a parameter, or the box ``start``..``start + shape`` of it."""
-
-    file: str
-    format: str
-    bytes: int
-    checksum: tuple[str, str]  # (algorithm, hex digest)
-    start: tuple[int, ...] | None = None  # None: the block is the whole parameter
-    shape: tuple[int, ...] | None = None
-    key: str | None = None  # the tensor's name in a file that holds several (safetensors)
-    offset: int | None = None  # where the tensor's bytes start in that file (packed containers)
-    length: int | None = None  # how many bytes they are
-
-    def box(self, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return (self.start, self.shape) if self.start is not None else ((0,) * len(full), full)
-
-
-@attrs.frozen
-class ParamEntry:
-    subcol: str
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    trainable: bool
-    blocks: tuple[Block, ...]
-    attrs: dict = attrs.field(factory=dict, eq=False)  # what a foreign format needs of this array (DyNet's lookup flag, ...)
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def whole(self) -> bool:
-        """Stored as one file holding the whole parameter."""
-        return len(self.blocks) == 1 and self.blocks[0].start is None
-
-
-@attrs.frozen
-class Manifest:
-    """A parsed, checked manifest."""
-
-    version: int
-    meta: dict  # every top-level field except "subcollections" (step, metrics, training, custom, ...)
-    entries: dict  # {subcollection: {param: ParamEntry}}
-    spec: Block | None = None  # the checkpoint's own spec file (format_version >= 2)
-    state: Any = None  # the training-state tree with {"$array": key} markers, or None
-    state_entries: dict = attrs.field(factory=dict)  # {key: ParamEntry}
-    #: a checkpoint saved by several ranks: each rank's (training dict, training-state tree or None, {key: ParamEntry})
-    ranks: tuple = ()
-
-    @property
-    def id(self) -> str | None:
-        return self.meta.get("id")
-
-    @property
-    def model(self) -> str | None:
-        return self.meta.get("model")
 
 
 # ---------------------------------------------------------------- writing

@@ -20,8 +20,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +39,8 @@ from .batched import Done, read_many, stop
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather", "stop"]
 _Done = Done  # (the name other modules knew it by)
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 _VERIFY_LOCK = threading.Lock()
 MAX_MANIFEST = 256 << 20  # bytes; a manifest larger than this is refused before it is read
