@@ -11,7 +11,7 @@ from ..storage.disk.commit import keep_aside, remove_file, write_text_atomic
 from ..storage.layout import EDITED_MARK
 from ..storage.disk.slots import publish_new_model, recover, replace_newest, rotate
 
-__all__ = ["clear_spec", "publish_new_model", "recover", "replace_newest", "rotate", "sync_spec"]
+__all__ = ["clear_spec", "publish_new_model", "recover", "replace_newest", "rotate", "spec_equals", "sync_spec"]
 
 
 def clear_spec(spec_path: str, text: str, edit: HandEdit | None, durable: bool) -> str | None:
@@ -28,6 +28,15 @@ def clear_spec(spec_path: str, text: str, edit: HandEdit | None, durable: bool) 
         return None
     remove_file(spec_path, durable=durable)
     return None
+
+
+def spec_equals(spec_path: str, text: str) -> bool:
+    """Whether the top-level spec file holds ``text`` already (then neither ``clear_spec`` nor ``sync_spec`` has
+    anything to do: a model saved again with an unchanged spec reads the file once, not twice)."""
+    try:
+        return read_text(spec_path) == text
+    except SpecError:
+        return False
 
 
 def sync_spec(spec_path: str, text: str, durable: bool) -> bool:

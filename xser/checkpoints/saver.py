@@ -32,7 +32,7 @@ from ..storage.write import write
 from .common import BATCH_SYNC_BELOW, SMALL_PLAN, SaveOptions, SaveReport, before_writing, plan_bytes
 from .policy import Policy, as_policy, metrics_of, retain
 from .remote import save_remote
-from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, sync_spec
+from .publish import clear_spec, publish_new_model, recover, replace_newest, rotate, spec_equals, sync_spec
 from .asyncsave import HostBuffer, PendingSave
 from .distributed import refusing, save_distributed
 from .snapshot import Snapshot, snapshot
@@ -129,7 +129,9 @@ class Prepared:
         path, staging, existing, options, s = self.path, self.staging, self.existing, self.options, self.s
         s.close()  # (the checkpoints' descriptors: closed while they are still checkpoints, so the one that closes a
         # deleted directory, and frees it, is the deleter thread's)
-        _clear_spec(path, self.snap.spec_text, self.edit, options.durable)
+        same = spec_equals(path, self.snap.spec_text)
+        if not same:
+            _clear_spec(path, self.snap.spec_text, self.edit, options.durable)
         if self.restart:
             drop = [c.path for c, _ in existing]
             publish_new_model(path, [staging.path], drop, options.durable)
@@ -147,7 +149,7 @@ class Prepared:
         self.published = True
         removed = tuple(attrs.evolve(c, path=data_dir_of(path, s.slots[c.path])) for c, _ in existing if c.path in drop)
         self.stack.close()
-        spec_written = sync_spec(path, self.snap.spec_text, options.durable)
+        spec_written = not same and sync_spec(path, self.snap.spec_text, options.durable)
         return SaveReport(
             False, data_dir_of(path, 0), staging.written, staging.linked, removed, spec_written, staging.manifest["id"],
             self.aside,

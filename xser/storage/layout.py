@@ -64,10 +64,11 @@ def siblings(spec_path: str | os.PathLike) -> tuple[str, str, list[str]]:
 def slot_names(spec_path: str | os.PathLike, names: list[str] | None = None) -> list[tuple[int, str]]:
     """(slot, full path) of every ``<model>.data[.N]`` name in the parent (N without leading zeros), by slot."""
     parent, base, listed = siblings(spec_path)
-    pattern = re.compile(re.escape(base + ".data") + r"(?:\.(0|[1-9][0-9]*))?")
+    prefix = base + ".data"
+    pattern = re.compile(re.escape(prefix) + r"(?:\.(0|[1-9][0-9]*))?")
     out = []
     for name in listed if names is None else names:
-        m = pattern.fullmatch(name)
+        m = pattern.fullmatch(name) if name.startswith(prefix) else None  # (a folder of many models: one test each)
         if m and m.group(1) != "0":
             out.append((int(m.group(1)) if m.group(1) else 0, os.path.join(parent, name)))
     return sorted(out)
