@@ -12,7 +12,11 @@ for a tiny torch ConvNet (``xser.torch``: its subcollection is its state_dict) a
 10 arrays. The weights change before every save (both sides), so nothing is skipped or hard-linked. The two sides
 alternate save by save (which goes first alternates too), so they see the same machine; medians of ``--saves``.
 
-    python benchmarks/bench_small.py [--saves 200] [--dir DIR] [--cases new,over,saver] [--kinds torch,numpy]
+``--gap MS`` idles that long before each save (not timed), as a training loop computes between saves: work a save
+leaves to a background thread (a ``CheckpointSaver`` deletes what it pruned on one) then runs there, as it would.
+The default, 0, times saves back to back.
+
+    python benchmarks/bench_small.py [--saves 200] [--dir DIR] [--cases new,over,saver] [--kinds torch,numpy] [--gap 0]
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ class Side:
         return {f"p{i}": torch.from_numpy(a) for i, a in enumerate(self.tensors)}
 
 
-def one_case(side: Side, case: str, durable: bool, saves: int, root: str) -> tuple[list[float], list[float]]:
+def one_case(side: Side, case: str, durable: bool, saves: int, root: str, gap: float = 0.0) -> tuple[list[float], list[float]]:
     d = tempfile.mkdtemp(prefix=f"{side.kind}-{case}-{'durable' if durable else 'cache'}-", dir=root)
     ref_t: list[float] = []
     x_t: list[float] = []
@@ -108,6 +112,7 @@ def one_case(side: Side, case: str, durable: bool, saves: int, root: str) -> tup
 
     def ref(i: int) -> None:
         side.bump()
+        time.sleep(gap)
         path = os.path.join(d, f"t{i}.pt" if case == "new" else "t.pt")
         t = time.perf_counter()
         torch.save(side.state(), path)
@@ -118,6 +123,7 @@ def one_case(side: Side, case: str, durable: bool, saves: int, root: str) -> tup
 
     def ours(i: int) -> None:
         side.bump()
+        time.sleep(gap)
         t = time.perf_counter()
         if saver is not None:
             saver.save(side.model, step=i)
@@ -147,10 +153,12 @@ def main() -> None:
     ap.add_argument("--cases", default="new,over,saver")
     ap.add_argument("--kinds", default="torch,numpy")
     ap.add_argument("--durable", default="cache,durable", help="cache (durable=False), durable, or both")
+    ap.add_argument("--gap", type=float, default=0.0, help="ms idle before each save, not timed (compute between saves)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="xser-bench-small-", dir=args.dir)
     print(machine_header())
-    print(f"# torch {torch.__version__}; {args.saves} saves per case, medians; the weights change before every save")
+    print(f"# torch {torch.__version__}; {args.saves} saves per case, medians; the weights change before every save; "
+          f"{args.gap:g} ms idle before each save")
     print(f"{'model':6} {'case':6} {'mode':8} {'reference':>26} {'ref ms':>8} {'xser ms':>8} {'ratio':>6} {'target':>6}  met")
     try:
         for kind in args.kinds.split(","):
@@ -158,7 +166,7 @@ def main() -> None:
             for mode in args.durable.split(","):
                 durable = mode == "durable"
                 for case in args.cases.split(","):
-                    ref_t, x_t = one_case(side, case, durable, args.saves, root)
+                    ref_t, x_t = one_case(side, case, durable, args.saves, root, args.gap / 1e3)
                     r, x = statistics.median(ref_t) * 1e3, statistics.median(x_t) * 1e3
                     target = 1.0 if durable else 2.0
                     what = "torch.save+fsync file+dir" if durable else "torch.save"
