@@ -104,15 +104,26 @@ def resolve(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+_FOUND: dict[np.dtype, DType | None] = {}  # find's answers (numpy's dtype.name is slow: a load asks once per array)
+
+
 def find(dt: Any) -> DType | None:
     """The table's row for a numpy dtype (any byte order of a numpy one), else None."""
     dt = np.dtype(dt)
+    try:
+        return _FOUND[dt]
+    except KeyError:
+        pass
     if dt.fields is not None or dt.subdtype is not None:
-        return None
-    if _is_ml(dt):
-        return DTYPES.get(dt.name) if dt.name in _EXTENSION_TAGS else None
-    d = DTYPES.get(dt.name)
-    return d if d is not None and not d.extension else None
+        d = None
+    elif _is_ml(dt):
+        d = DTYPES.get(dt.name) if dt.name in _EXTENSION_TAGS else None
+    else:
+        d = DTYPES.get(dt.name)
+        d = d if d is not None and not d.extension else None
+    if len(_FOUND) < 4096:  # (record dtypes are many in principle; the cache stays small)
+        _FOUND[dt] = d
+    return d
 
 
 def from_safetensors(name: str) -> DType | None:
