@@ -176,15 +176,16 @@ class AngelFormat(_BytesFormat):
         out = np.empty(shape, dtype.newbyteorder("="))
         h = CHECKSUMS[verify[0]]() if verify is not None else None
         f.seek(0)
-        if rec.names == ("v",):  # values only: read straight into the result, then swap the bytes in place
+        if rec.names == ("v",):  # values only: a band read into one buffer (in cache), hashed, copied swapped into the result
             flat = out.reshape(-1)
+            buf = np.empty(min(n, _BAND), rec["v"])
             for i in range(0, n, _BAND):
-                part = flat[i : i + _BAND]
+                part = buf[: min(_BAND, n - i)]
                 if not _fill(f, part.view(np.uint8)):
                     return None
                 if h is not None:
                     h.update(part)
-                part.byteswap(inplace=True)
+                np.copyto(flat[i : i + part.size], part)
         else:
             step = max(1, _BAND // (rows if self.name == "binary-column" else 1))
             if self.name != "binary-column":
