@@ -337,8 +337,14 @@ def serve(rank: int) -> None:
     import crash_child  # noqa: F401 - the same, for kills at a filesystem call
     # ``import xser`` is lazy: what a save and a load use is imported here, before any fork, or each forked rank would
     # import it inside its first timed round (seconds on a loaded machine, past the tests' short timeouts)
-    import xser.api  # noqa: F401
+    import xser.api  # noqa: F401  (its verbs import their layers when called: those are imported here too)
     import xser.checkpoints.distributed  # noqa: F401
+    import xser.checkpoints.rank_state  # noqa: F401
+    import xser.checkpoints.saver  # noqa: F401
+    import xser.model.build  # noqa: F401
+    import xser.model.serialize  # noqa: F401
+    import xser.spec.saved  # noqa: F401
+    import xser.storage.scanned  # noqa: F401
     import xser.tools.reader  # noqa: F401
     import xser.tools.ranks  # noqa: F401
 

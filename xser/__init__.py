@@ -21,7 +21,6 @@ import typing as _typing
 from ._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported on first use
-    from .api import Best as Best
     from .api import Resumed as Resumed
     from .api import build as build
     from .api import load as load
@@ -55,6 +54,7 @@ if _typing.TYPE_CHECKING:  # what type checkers and IDEs see; at run time each n
     from .model.tables import IdSlice as IdSlice
     from .storage.formats import register_format as register_format
     from .storage.listing import Checkpoint as Checkpoint
+    from .storage.scanned import Best as Best
     from .storage.listing import checkpoints as checkpoints
     from .tools.ensemble import Ensemble as Ensemble
     from .tools.reader import CheckpointReader as CheckpointReader
@@ -68,7 +68,7 @@ globals().pop("checkpoints", None)
 
 #: public name -> the module that defines it (imported on first use)
 _WHERE = {
-    "Best": "api", "Resumed": "api", "build": "api", "load": "api", "load_config": "api", "load_into": "api",
+    "Best": "storage.scanned", "Resumed": "api", "build": "api", "load": "api", "load_config": "api", "load_into": "api",
     "load_training_state": "api", "read_params": "api", "resume": "api", "save": "api",
     "PartialSaver": "checkpoints.partial", "KeepBest": "checkpoints.policy", "KeepEvery": "checkpoints.policy",
     "KeepLast": "checkpoints.policy", "CheckpointSaver": "checkpoints.saver", "SaveReport": "checkpoints.saver",

@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import os
 
-import attrs
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .dist import Coordinator, using
-from .errors import CheckpointError, DataError, Location, SpecError, did_you_mean, key_lists
-from .storage.listing import Best, Checkpoint, open_checkpoint, selector
+from .errors import CheckpointError, DataError, Frozen, Location, SpecError, did_you_mean, key_lists
+from .storage.listing import open_checkpoint, selector
 from .storage.named import read_named
 from .storage.opened import CheckpointVanished, gather
 from .storage.stores import options
 
 if TYPE_CHECKING:
     from .model.build import ExperimentSpec
+    from .storage.scanned import Best, Checkpoint
 
 # Each verb imports the layers it needs when called: a process that only reads arrays imports storage alone.
 
-__all__ = ["Best", "Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
+__all__ = ["Resumed", "build", "load", "load_config", "load_into", "load_training_state", "read_params", "resume", "save"]
 
 T = TypeVar("T")
 #: times a reader starts over when the checkpoint it reads is pruned under it
@@ -68,7 +68,6 @@ def _load_config(path: str, overrides: list[str] | None) -> ExperimentSet:
     from .spec import read
     from .spec.saved import is_saved, open_saved
     from .storage.listing import refuse_slot
-
     refuse_slot(path)
     doc = read(path)
     if is_saved(doc):
@@ -114,7 +113,6 @@ def build(spec: ExperimentSpec | Any, *, placeholders: dict[str, Any] | None = N
     for ``add(..., rows=xser.dist.rows(n))``).
     """
     from .model.build import build as _build
-
     where = getattr(spec, "file", None) or "<spec>"
     with options(storage_options), using(coordinator):
         return retrying(where, lambda: _build(spec, placeholders=placeholders, seed=seed))
@@ -161,7 +159,6 @@ def save(
     (``docs/distributed.md``); every rank returns after the commit, or every rank raises.
     """
     from .checkpoints.saver import SaveOptions, save_model
-
     with options(storage_options):
         save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards, pack), name=name, training=training,
                    custom=custom, coordinator=coordinator)
@@ -286,7 +283,6 @@ def _refuse_mismatches(plan: list, live: dict, experiment: Any, datadir: str) ->
     """Before anything is read: every parameter whose shape or dtype the object cannot take, in one ``DataError``, by
     component, with the constructor arguments that differ from the saved ones."""
     from .model.serialize import arg_clause, saved_args
-
     parts = []
     for sub, disk, entries in plan:
         lines = sub.mismatches({e.name: (e.shape, e.dtype) for e in entries})
@@ -354,7 +350,6 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best
     saving world size ``rank_state`` changes nothing (``docs/distributed.md``, "Loading at another world size").
     """
     from .checkpoints.rank_state import check_rank_state, rank_part, without
-
     path = os.fspath(path)
     checkpoint = selector(checkpoint, metric, mode, path)
     check_rank_state(rank_state, path)
@@ -375,21 +370,24 @@ def load_training_state(path: str | os.PathLike, *, checkpoint: int | str | Best
 def _state_of(data: Any, mmap: bool, part: tuple[Any, dict] | None = None) -> Any:
     from .model.adapters import array_kind
     from .storage import training_state
-
     tree, entries = part if part is not None else (data.manifest.state, data.manifest.state_entries)
     futs = data.read_many(entries.values(), mmap=mmap)
     arrays = gather(futs, {"training_state": {}})["training_state"]
     return training_state.decode(tree, arrays, array_kind)
 
 
-@attrs.frozen
-class Resumed:
+class Resumed(Frozen):
     """What ``resume`` gives back: the model, its training state (None if saved without), the step and the checkpoint."""
 
+    __slots__ = ("model", "training_state", "step", "checkpoint")
     model: Any
     training_state: Any
     step: int | None
     checkpoint: Checkpoint
+
+    def __init__(self, model: Any, training_state: Any, step: int | None, checkpoint: Checkpoint) -> None:
+        for name, value in zip(self.__slots__, (model, training_state, step, checkpoint)):
+            object.__setattr__(self, name, value)
 
 
 def resume(
@@ -420,6 +418,8 @@ def resume(
     the entries every rank saved alike), ``rank_state="replicate"`` gives a state saved by one process to every
     rank (see ``load_training_state``).
     """
+    import attrs
+
     from .checkpoints.rank_state import check_rank_state, rank_part, rank_training
     from .model.build import ExperimentSpec, build_spec
     from .spec.saved import open_saved
