@@ -36,6 +36,10 @@ TEXT = ("dense-text", "sparse-text", "dynet-text", "value-text", "colid-value-te
 BINARY = ("value-binary", "colid-value-binary", "rowid-colid-value-binary", "binary-column")
 
 
+def _speed(ratio: float) -> str:
+    return f"{1 / ratio:.1f}x faster" if ratio <= 1 else f"{ratio:.1f}x slower"
+
+
 def timed(fn) -> float:
     warm = np.ones(1 << 28, np.uint8)
     del warm
@@ -106,7 +110,7 @@ def main(argv=None):
             if fmt in TEXT:
                 a, b = med(s) / rs["savetxt"], med(l) / rs["loadtxt"]
                 ok = "yes" if a <= 0.2 and b <= 0.2 else "**no**"
-                print(f"| {fmt} ({label}) / np.savetxt, np.loadtxt | {a:.3f} ({1 / a:.1f}x faster) | {b:.3f} ({1 / b:.1f}x faster) | <= 0.2 both | {ok} |")
+                print(f"| {fmt} ({label}) / np.savetxt, np.loadtxt | {a:.3f} ({_speed(a)}) | {b:.3f} ({_speed(b)}) | <= 0.2 both | {ok} |")
             elif fmt in BINARY or fmt == "npy":
                 a, b = med(s) / rs["np.save"], med(l) / rs["np.load"]
                 ok = "yes" if a <= 2 and b <= 2 else "**no**"
