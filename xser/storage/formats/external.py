@@ -145,17 +145,16 @@ class AngelFormat(_BytesFormat):
                 yield band.view(np.uint8)
             return
         step = max(1, _BAND // cols)
-        col_ids = np.tile(np.arange(cols, dtype=">i4"), min(step, rows)) if "c" in rec.names else None
+        # one buffer for every band (the writer has copied a band out before it asks for the next), its column ids set once
+        buf = np.empty(min(step, rows) * cols, rec)
+        if "c" in rec.names:
+            buf["c"].reshape(-1, cols)[...] = np.arange(cols)
         for i in range(0, rows, step):
             part = a[i : i + step]
-            if rec.names == ("v",):
-                yield part.astype(rec["v"]).view(np.uint8)
-                continue
-            band = np.empty(part.size, rec)
-            band["c"] = col_ids[: part.size]
+            band = buf[: part.size]
             if "r" in rec.names:
-                band["r"] = np.repeat(np.arange(i, i + part.shape[0], dtype=">i4"), cols)
-            band["v"] = part.reshape(-1)
+                band["r"].reshape(-1, cols)[...] = np.arange(i, i + part.shape[0])[:, None]
+            band["v"].reshape(part.shape)[...] = part
             yield band.view(np.uint8)
 
     def read(self, f: BinaryIO, where: str, dtype: np.dtype, shape: tuple, size: int, *, mmap: bool, verify: Any) -> np.ndarray:
