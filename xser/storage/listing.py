@@ -68,7 +68,8 @@ def scan(spec_path: str | os.PathLike, *, saver: bool = False) -> Scan:
     for attempt in range(ATTEMPTS):
         with contextlib.nullcontext() if saver else ListingLock(spec_path, exclusive=False):
             slots, opened, damaged, moved = _open_slots(spec_path, pin=not saver)
-        if (not moved and _stable(spec_path, slots, opened)) or attempt == ATTEMPTS - 1:
+        if (not moved and (saver or _stable(spec_path, slots, opened))) or attempt == ATTEMPTS - 1:
+            # (a saver holds the model lock: nothing renames its slots meanwhile, no second listing needed)
             break  # (the last attempt is taken as it is: one checkpoint twice is dropped below)
         for _, d in opened:
             d.close()
