@@ -159,7 +159,7 @@ def save(
     (``docs/distributed.md``); every rank returns after the commit, or every rank raises.
     """
     from .checkpoints.saver import SaveOptions, save_model
-    with options(storage_options):
+    with options(storage_options, collect=False):
         save_model(obj, os.fspath(path), SaveOptions(durable, blocks, formats, threads, shards, pack), name=name, training=training,
                    custom=custom, coordinator=coordinator)
 
@@ -213,7 +213,7 @@ def load(
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
             return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
 
-    with options(storage_options), using(coordinator):
+    with options(storage_options, collect=False), using(coordinator):
         return retrying(path, once)
 
 
@@ -330,7 +330,7 @@ def read_params(
                 return data.read_all(mmap=mmap, verify=verify, rows=rows)
             return read_named(data, wanted, mmap=mmap, verify=verify, rows=data.check_row_keys(rows))
 
-    with options(storage_options):
+    with options(storage_options, collect=False):
         return retrying(path, once)
 
 
@@ -446,5 +446,5 @@ def resume(
                 record = attrs.evolve(record, training=rank_training(data, coordinator))
         return Resumed(model, state, record.step, attrs.evolve(record, index=index))
 
-    with options(storage_options), using(coordinator):
+    with options(storage_options, collect=False), using(coordinator):
         return retrying(path, once)

@@ -425,7 +425,7 @@ class CheckpointSaver:
                     self.path, whole, self.options, policy=self.policy, restart=restart, check_all=check_all, skip_duplicates=False),
                     ticket=ticket)
         else:
-            with os_errors(self.path), options(self.storage_options):
+            with os_errors(self.path), options(self.storage_options, collect=False):
                 report = save_locked(self.path, snap, self.options, policy=self.policy, restart=restart, check_all=check_all,
                                      skip_duplicates=True, since=self._since, later=True)
         self._checked = True

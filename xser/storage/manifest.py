@@ -25,6 +25,7 @@ from .manifest_json import descr as _descr
 from .manifest_json import render_manifest
 from .lazy_entries import LazyParams
 from .manifest_records import Block, Manifest, ParamEntry
+from .tiling import check_tiling
 
 __all__ = [
     "FORMAT_VERSION",
@@ -219,23 +220,30 @@ def _entry(sub: str, pname: Any, e: Any, mpath: str, names: dict | None = None) 
         raise _bad(f"{sub}/{pname}: entry must be a mapping", mpath)
     try:
         dtype = _dtype(e["dtype"])
-        if not isinstance(e["shape"], list):
-            raise ValueError(f"bad shape {e['shape']!r}")
-        shape = tuple(e["shape"])
+        shape = e["shape"]
+        if not isinstance(shape, list):
+            raise ValueError(f"bad shape {shape!r}")
         for s in shape:  # (plain ints from JSON: a bool is not one)
             if type(s) is not int or not 0 <= s < 1 << 62:
-                raise ValueError(f"bad shape {e['shape']!r}")
+                raise ValueError(f"bad shape {shape!r}")
+        shape = tuple(shape)
         blocks = e["blocks"]
         if not isinstance(blocks, list) or not blocks:
             raise ValueError("blocks must be a non-empty list")
-        parsed = tuple([_check_block(b, shape, mpath, names) for b in blocks])
-        if len(parsed) > 1 or parsed[0].start is not None:
+        if len(blocks) == 1:
+            parsed = (_check_block(blocks[0], shape, mpath, names),)
+            if parsed[0].start is not None:
+                check_tiling(parsed, shape)
+        else:
+            parsed = tuple([_check_block(b, shape, mpath, names) for b in blocks])
             check_tiling(parsed, shape)
         trainable = e.get("trainable", True)
         if trainable is not True and trainable is not False:
             raise ValueError(f"trainable must be true or false, got {trainable!r}")
-        extra = e.get("attrs", {})
-        if not isinstance(extra, dict) or (extra and not all(isinstance(k, str) and isinstance(v, dict) for k, v in extra.items())):
+        extra = e["attrs"] if "attrs" in e else {}
+        if extra and (not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in extra.items())):
+            raise ValueError("attrs must map a system's name to a mapping")
+        if not isinstance(extra, dict):
             raise ValueError("attrs must map a system's name to a mapping")
     except DataError:
         raise
@@ -283,7 +291,23 @@ def _spec_block(b: Any, mpath: str) -> Block:
 _BLOCK_KEYS = frozenset({"file", "format", "bytes", "start", "shape", "key", "offset", "length"} | set(CHECKSUMS))
 
 
+_PACKED_KEYS = 7  # a packed member's block: file, format, bytes, xxh3_64, key, offset, length
+
+
 def _check_block(b: Any, shape: tuple, mpath: str, names: dict | None = None) -> Block:
+    """One block, checked. ``names`` (one manifest's): file names checked already, and the (file, format, bytes,
+    digest) of packed containers checked already, so a container's further members check only key, offset, length."""
+    if names is not None and type(b) is dict and len(b) == _PACKED_KEYS:
+        size = b.get("bytes")
+        try:
+            known = names.get((b.get("file"), b.get("format"), size, b.get(DEFAULT_CHECKSUM)))
+        except TypeError:  # (a list where a string belongs: unhashable; the full check says what is wrong)
+            known = None
+        if known is not None and type(size) is int:
+            key, offset, length = b.get("key"), b.get("offset"), b.get("length")
+            if (type(key) is str and 0 < len(key) <= 1000 and type(offset) is int and type(length) is int
+                    and offset >= 0 and length >= 0 and offset + length <= size):
+                return Block(known[0], known[1], size, known[2], None, None, key, offset, length)
     if not isinstance(b, dict):
         raise ValueError("a block must be a mapping")
     if not b.keys() <= _BLOCK_KEYS:
@@ -328,6 +352,8 @@ def _check_block(b: Any, shape: tuple, mpath: str, names: dict | None = None) ->
         file = _check_name(file, mpath)
         if names is not None:
             names[file] = file
+    if names is not None and offset is not None and start is None and algo == DEFAULT_CHECKSUM and len(b) == _PACKED_KEYS:
+        names[(file, fmt, size, digest)] = (file, fmt, (algo, digest.lower()))
     return Block(file, fmt, size, (algo, digest.lower()), start, bshape, key, offset, length)
 
 
@@ -335,59 +361,3 @@ def _ints(v: Any, what: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
         raise ValueError(f"block {what} must be a list of non-negative ints, got {v!r}")
     return tuple(v)
-
-
-def check_tiling(blocks: tuple[Block, ...], shape: tuple) -> None:
-    """Blocks must cover the parameter exactly, in bands: no gaps, no overlaps.
-
-    O(n log n) in the number of blocks: along the first dimension the blocks form bands (each
-    block lies inside one band), and inside each band they tile the remaining dimensions the
-    same way. Every layout xser, DiSMEC++, Angel and RecIS write is of this kind (row blocks,
-    grids of tiles); a block that straddles another's edge is refused.
-    """
-    if len(blocks) == 1 and blocks[0].start is None:
-        return
-    if any(b.start is None for b in blocks):
-        raise ValueError("when a parameter has several blocks, each needs start and shape")
-    total = math.prod(shape)
-    covered = sum(math.prod(b.shape) for b in blocks)
-    if total == 0:
-        return  # an empty parameter: every block is empty and inside it
-    if covered < total:
-        raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")
-    _bands([(b.start, b.shape) for b in blocks], 0, shape, covered, total)
-
-
-def _bands(boxes: list[tuple[tuple, tuple]], dim: int, shape: tuple, covered: int, total: int) -> None:
-    if dim == len(shape):
-        if len(boxes) > 1:
-            raise ValueError(f"blocks at {list(boxes[0][0])} and {list(boxes[1][0])} overlap")
-        return
-    boxes = sorted(boxes, key=lambda b: (b[0][dim], b[1][dim]))
-    lo = boxes[0][0][dim]
-    expected = lo
-    group: list = []
-    first_of_band = None
-
-    def close(band: list) -> None:
-        _bands(band, dim + 1, shape, covered, total)
-
-    for box in boxes:
-        a, n = box[0][dim], box[1][dim]
-        if group and a == group[0][0][dim]:
-            if n != group[0][1][dim]:
-                raise ValueError(f"blocks at {list(group[0][0])} and {list(box[0])} do not tile in bands (one straddles the other's edge)")
-            group.append(box)
-            continue
-        if group:
-            close(group)
-        if a < expected:
-            raise ValueError(f"blocks at {list(first_of_band[0])} and {list(box[0])} overlap")
-        if a > expected:
-            raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")
-        group = [box]
-        first_of_band = box
-        expected = a + n
-    close(group)
-    if expected != shape[dim] or lo != 0:
-        raise ValueError(f"blocks cover {covered} of {total} elements: rows or columns are missing")

@@ -55,8 +55,15 @@ _OPTIONS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("xser_sto
 
 
 @contextlib.contextmanager
-def options(storage_options: Mapping[str, Any] | None) -> Iterator[None]:
-    """The ``storage_options`` a public function was given, for every URL it opens while the block runs."""
+def options(storage_options: Mapping[str, Any] | None, *, collect: bool = True) -> Iterator[None]:
+    """The ``storage_options`` a public function was given, for every URL it opens while the block runs.
+    ``collect=False``: the cyclic garbage collector is paused meanwhile (``gcpause``: saves and loads)."""
+    if not collect:
+        from ..gcpause import paused
+
+        with paused(), options(storage_options):
+            yield
+        return
     if storage_options is not None and not isinstance(storage_options, Mapping):
         from ...errors import StorageError
 
