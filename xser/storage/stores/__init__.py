@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..gcpause import paused
 from .base import ReadFile, Store
 from .local import LOCAL, LocalStore
 
@@ -59,8 +60,6 @@ def options(storage_options: Mapping[str, Any] | None, *, collect: bool = True) 
     """The ``storage_options`` a public function was given, for every URL it opens while the block runs.
     ``collect=False``: the cyclic garbage collector is paused meanwhile (``gcpause``: saves and loads)."""
     if not collect:
-        from ..gcpause import paused
-
         with paused(), options(storage_options):
             yield
         return
