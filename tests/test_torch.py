@@ -291,6 +291,43 @@ class TestLoad:
         hit = [line for line in maps if int(line.split()[0].split("-")[0], 16) <= ptr < int(line.split()[0].split("-")[1], 16)]
         assert hit and hit[0].endswith(f"{sub}/emb.weight.npy")
 
+    def test_eager_tensors_are_private_maps_and_writes_never_reach_the_files(self, tmp_path):
+        """An eager load gives tensors over private copy-on-write maps of the files (as safetensors' load_file does):
+        an .npy file, a packed container's tensor, a constructor's tensor; writes stay in the process (the files'
+        checksums still match); copy=True reads into the process's own memory; load_into copies into its tensors."""
+        path = str(tmp_path / "m.yaml")
+        m = MappedMix()
+        with torch.no_grad():
+            for i, t in enumerate(m.state_dict().values()):
+                t.copy_(torch.arange(t.numel()).reshape(t.shape) + i)
+        xser.save(m, path, durable=False)
+
+        def mapped(t):
+            ptr = t.data_ptr()
+            hit = [line for line in Path("/proc/self/maps").read_text().splitlines()
+                   if int(line.split()[0].split("-")[0], 16) <= ptr < int(line.split()[0].split("-")[1], 16)]
+            return bool(hit) and str(tmp_path) in hit[0]
+
+        back = xser.load(path)
+        same_state(m, back)
+        assert [mapped(t) for t in back.state_dict().values()] == [True] * 3
+        with torch.no_grad():
+            for t in back.state_dict().values():
+                t.add_(1)
+        assert torch.equal(back.big, m.big + 1)
+        again = xser.load(path, verify=True)  # every checksum still matches: nothing was written to the files
+        same_state(m, again)
+        assert [mapped(t) for t in again.state_dict().values()] == [True] * 3
+        copied = xser.load(path, copy=True)
+        same_state(m, copied)
+        assert [mapped(t) for t in copied.state_dict().values()] == [False] * 3
+        into = MappedMix()
+        xser.load_into(into, path)
+        same_state(m, into)
+        assert [mapped(t) for t in into.state_dict().values()] == [False] * 3
+        with pytest.raises(xser.DataError, match="^copy=True reads every array into memory and mmap=True maps them"):
+            xser.load(path, mmap=True, copy=True)
+
     def test_device_cpu_and_cuda(self, tmp_path):
         path = str(tmp_path / "m.yaml")
         m = model()
@@ -369,6 +406,16 @@ class TestDtypes:
 
 #: the dtypes Module.to(dtype) converts a module's floating-point tensors to: every float and complex dtype of the table
 FLOATING = sorted(t for t, d in DTYPES.items() if d.average is not None)
+
+
+@xser.serializable(tag="!TMappedMix")
+class MappedMix(torch.nn.Module):
+    """A large tensor (its own .npy file), a small one (packed with others) and a constructor's layer."""
+
+    def __attrs_post_init__(self):
+        self.big = xser.params(self).add("big", (256, 1024))
+        self.small = xser.params(self).add("small", (3,))
+        self.lin = torch.nn.Linear(2, 2, bias=False)
 
 
 @xser.serializable(tag="!TMixed")

@@ -179,10 +179,14 @@ def load(
     missing: str = "error",
     storage_options: Mapping[str, Any] | None = None,
     coordinator: Coordinator | None = None,
+    copy: bool = False,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
-    ``mmap=True`` maps arrays copy-on-write (lazy, fast open). ``strict=False``
+    ``mmap=True`` maps arrays copy-on-write (lazy, fast open). Without it, numpy arrays are read into memory, and
+    torch tensors from local uncompressed files are private copy-on-write maps of them (as ``safetensors.torch.load_file``
+    gives: pages are read when first touched, writes stay in the process); ``copy=True`` reads them into memory too
+    (a file truncated by another program under a map gives ``SIGBUS``; xser never rewrites a published file). ``strict=False``
     tolerates subcollections on disk that the spec does not use; a subcollection
     the spec needs but the data lacks is always an error. ``verify=True`` checks
     every file's checksum. The spec is the one the checkpoint was saved with, unless the file at ``path`` was
@@ -211,7 +215,8 @@ def load(
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
-            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing,
+                              copy=copy)
 
     with options(storage_options, collect=False), using(coordinator):
         return retrying(path, once)

@@ -31,7 +31,7 @@ class Store:
     """A data directory being read by one build: prefetching, and what was used."""
 
     def __init__(self, datadir: OpenedDir, *, mmap: bool, verify: bool, rows: dict | None = None, tables: dict | None = None,
-                 missing: str = "error", edited: tuple[str, str] | None = None) -> None:
+                 missing: str = "error", edited: tuple[str, str] | None = None, copy: bool = False) -> None:
         self.dir = datadir
         #: (top-level file, the checkpoint's own spec) when the spec built was edited by hand: mismatches are SpecErrors
         self.edited = edited
@@ -41,6 +41,10 @@ class Store:
         self.named: dict[str, str] = {}  # subcollection -> where the spec names it (a component built from this store)
         self.mmap = mmap
         self.verify = verify
+        #: an eager load from local files (not ``copy=True``): the subcollections of components whose adapter takes
+        #: private copy-on-write maps for eager loads (torch tensors, as safetensors' ``load_file`` gives), read mapped
+        self.maps = not mmap and not copy and type(datadir)._read_block is OpenedDir._read_block
+        self.private: set[str] = set()
         self.rows = datadir.check_row_keys(rows)
         self.tables = dict(tables or {})  # "sub/table" -> ids or IdSlice: partial loads of hash tables
         self.futures: dict[tuple[str, str], Any] = {}
@@ -52,6 +56,10 @@ class Store:
         entries = [e for n in names if n in self.dir.subcollections for e in self.dir.subcollections[n].values()]
         entries = [e for e in entries if (e.subcol, e.name) not in self.futures
                    and f"{e.subcol}/{e.name.partition('@')[0]}" not in self.tables]  # tables= reads some rows: not here
+        mapped = [e for e in entries if e.subcol in self.private]
+        if mapped:
+            entries = [e for e in entries if e.subcol not in self.private]
+            self.futures.update(self.dir.read_many(mapped, mmap=True, verify=self.verify, rows=self.rows))
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
 
     def mismatch(self, message: str, here: Location, where: Location | None) -> XserError:
@@ -96,7 +104,7 @@ class Store:
             return fut.result()  # prefetched (a load by one process: add(..., rows=) holds every row)
         if held is not None and held[0] == held[1] and 0 <= held[0] <= entry.shape[0]:
             return np.empty((0,) + tuple(entry.shape[1:]), entry.dtype)  # a rank that holds no rows reads nothing
-        return self.dir.read(entry, mmap=self.mmap, verify=self.verify, rows=partial)
+        return self.dir.read(entry, mmap=self.mmap or stored in self.private, verify=self.verify, rows=partial)
 
     def migrate(self, stored: str, fn: Any, version: int, tag: str, where: Location | None) -> dict[str, np.ndarray]:
         """The arrays of a subcollection saved by an older version of its class, through its ``migrate_params``."""

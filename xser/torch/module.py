@@ -21,6 +21,7 @@ cast can round (float32 on disk into a float16 module; widening casts are exact 
 from __future__ import annotations
 
 import logging
+import mmap
 from typing import Any
 
 import attrs
@@ -266,8 +267,11 @@ class TorchSubcollection(Subcollection):
         mapped = _mapped()
         for name, (_, dtype) in found.items():  # floating-point tensors take the saved dtype (.half() after the constructor)
             t = state[name]
-            src = from_numpy(source.fetch(self.name, name, tuple(t.shape), dtype), copy=False)
-            _put(t, src, mapped or src.dtype != t.dtype)
+            arr = source.fetch(self.name, name, tuple(t.shape), dtype)
+            src = from_numpy(arr, copy=False)
+            # a private copy-on-write map of the file (mmap=True, or an eager load: what safetensors' load_file gives)
+            # becomes the tensor's data: copying it into the constructor's memory would read every page at once
+            _put(t, src, mapped or src.dtype != t.dtype or _is_map(arr))
         self._filled.update(state)
 
 
@@ -299,6 +303,13 @@ def _put(t: torch.Tensor, src: torch.Tensor, rebind: bool) -> None:
             t.copy_(src)
 
 
+def _is_map(a: Any) -> bool:
+    """Whether ``a`` is a view of a memory map (a private copy-on-write one: xser maps nothing else for writing)."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, mmap.mmap)
+
+
 def _mapped() -> bool:
     opts = LOAD.get()
     return bool(opts and opts.get("mmap"))
@@ -309,6 +320,9 @@ class TorchAdapter:
     """What ``@xser.serializable`` does for a ``torch.nn.Module`` subclass."""
 
     name: str = "torch.nn.Module"
+    #: an eager load maps local, uncompressed files copy-on-write (MAP_PRIVATE) for these tensors instead of reading
+    #: them into new memory, as ``safetensors.torch.load_file`` does; ``load(..., copy=True)`` reads them
+    maps_eager: bool = True
     #: attrs must not replace nn.Module's __setattr__ (it registers submodules and parameters) or its hash
     define: dict = attrs.field(factory=lambda: {"on_setattr": attrs.setters.NO_OP, "repr": False})
 

@@ -393,8 +393,15 @@ class NpyFormat:
         offset, fortran = self._check(f, where, dtype, shape, size)
         nbytes = math.prod(shape) * dtype.itemsize
         order = "F" if fortran else "C"
-        if mmap and nbytes and verify is None and mappable(f):
-            return _map(f, dtype, offset, shape, order)
+        if mmap and nbytes and mappable(f):
+            mapped = _map(f, dtype, offset, shape, order)
+            if verify is not None:  # hashed through the map: the page cache's pages, no private copy
+                f.seek(0)
+                h = CHECKSUMS[verify[0]]()
+                h.update(f.read(offset))
+                h.update(byte_view(mapped))
+                check_digest(verify, h.hexdigest(), where)
+            return mapped
         out = np.empty(tuple(shape), dtype=dtype, order=order)
         view = byte_view(out) if nbytes else np.empty(0, np.uint8)
         _read_exactly(f, view, where)
@@ -405,9 +412,6 @@ class NpyFormat:
             h.update(f.read(offset))
             h.update(view)
             check_digest(verify, h.hexdigest(), where)
-        if mmap and nbytes and mappable(f):
-            # verified first, then mapped: the caller still gets a lazy copy-on-write map
-            return _map(f, dtype, offset, shape, order)
         return out
 
 
