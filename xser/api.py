@@ -178,25 +178,21 @@ def load(
     tables: dict | None = None,
     missing: str = "error",
     storage_options: Mapping[str, Any] | None = None,
-    coordinator: Coordinator | None = None,
-    copy: bool = False,
+    coordinator: Coordinator | None = None, copy: bool = False,
 ) -> Any:
     """Build a saved model; its parameters come from ``path.data/`` (or checkpoint ``checkpoint``).
 
-    ``mmap=True`` maps arrays copy-on-write (lazy, fast open). Without it, numpy arrays are read into memory, and
-    torch tensors from local uncompressed files are private copy-on-write maps of them (as ``safetensors.torch.load_file``
-    gives: pages are read when first touched, writes stay in the process); ``copy=True`` reads them into memory too
-    (a file truncated by another program under a map gives ``SIGBUS``; xser never rewrites a published file). ``strict=False``
-    tolerates subcollections on disk that the spec does not use; a subcollection
-    the spec needs but the data lacks is always an error. ``verify=True`` checks
-    every file's checksum. The spec is the one the checkpoint was saved with, unless the file at ``path`` was
+    ``mmap=True`` maps arrays copy-on-write (lazy, fast open). Without it numpy arrays are read, and torch tensors of local
+    files are private copy-on-write maps (as ``safetensors.torch.load_file`` gives: writes stay in the process; a file
+    truncated under it by another program gives ``SIGBUS``); ``copy=True`` reads them too. ``strict=False`` tolerates
+    subcollections on disk that the spec does not use; a subcollection the spec needs but the data lacks is always an error.
+    ``verify=True`` checks every file's checksum. The spec is the one the checkpoint was saved with, unless the file at ``path`` was
     edited by hand since (it equals no checkpoint's spec): then that file is built, checked against the
     checkpoint's data (a mismatch is a ``SpecError`` at the edit), with one warning (logger ``xser``) naming
     both files and the first line that differs. ``checkpoint=k`` loads the k-th newest checkpoint (0 = ``.data``); ``checkpoint="last"`` is the newest, ``checkpoint="best",
-    metric="dev_bleu", mode="max"`` the one with the best recorded metric (the ranking ``KeepBest`` uses:
-    missing or NaN values never count, ties go to the newer).
-    ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the
-    component then holds a partial array: its first dimension is ``stop - first``).
+    metric="dev_bleu", mode="max"`` the one with the best recorded metric (the ranking ``KeepBest`` uses: missing or NaN values never count, ties go to the newer).
+    ``rows={"subcol/param": (first, stop)}`` loads only those rows of those parameters (the component then holds a partial
+    array: its first dimension is ``stop - first``).
     ``device`` (torch components): where their tensors go after they are read (default: the CPU).
     ``tables={"subcol/table": ids or xser.IdSlice(begin, end, size)}`` loads only those rows of hash tables
     (the ids given, or those with ``id % size`` in ``[begin, end)``: RecIS's resharding rule).
@@ -215,8 +211,7 @@ def load(
     def once() -> Any:
         with open_saved(path, checkpoint) as saved:
             spec = ExperimentSpec(saved.name, saved.experiment, saved.doc, path, saved.data, saved.sealed)
-            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing,
-                              copy=copy)
+            return build_spec(spec, mmap=mmap, verify=verify, strict=strict, rows=rows, device=device, tables=tables, missing=missing, copy=copy)
 
     with options(storage_options, collect=False), using(coordinator):
         return retrying(path, once)

@@ -56,8 +56,7 @@ class Builder:
         self, spec: ExperimentSpec, *, mmap: bool = False, verify: bool = False, seed: Any = None, rows: dict | None = None,
         tables: dict | None = None, missing: str = "error", copy: bool = False,
     ) -> None:
-        self.missing = missing
-        self.copy = copy
+        self.missing, self.copy = missing, copy
         self.spec = spec
         self.doc = Doc(None, spec.file)
         self.doc.adopt(spec.doc)
@@ -84,8 +83,7 @@ class Builder:
             main = self.spec.data is not None and key == self.spec.data.ino
             self.stores[key] = Store(datadir, mmap=self.mmap, verify=self.verify, rows=self.rows if main else None,
                                      tables=self.tables if main else None, missing=self.missing if main else "error",
-                                     edited=(self.spec.file, self.spec.sealed) if main and self.spec.sealed else edited,
-                                     copy=self.copy)
+                                     edited=(self.spec.file, self.spec.sealed) if main and self.spec.sealed else edited, copy=self.copy)
         return self.stores[key]
 
     def cancel(self) -> None:
@@ -106,9 +104,7 @@ class Builder:
                 name = n.args.get("xser_subcol_name")
                 n.origin = _Origin(store, name if isinstance(name, str) else None)
                 if isinstance(name, str):
-                    names.add(name)
-                    if store.maps and _maps_eager(n.tag):
-                        store.private.add(name)
+                    names.add(store.mark(name, n.tag))
         return names
 
     # -- !LoadSerialized
@@ -409,13 +405,10 @@ def build_spec(
     rows: dict | None = None,
     device: Any = None,
     tables: dict | None = None,
-    missing: str = "error",
-    copy: bool = False,
+    missing: str = "error", copy: bool = False,
 ) -> Any:
     if missing not in ("error", "init"):
         raise DataError(f'missing must be "error" or "init", got {missing!r}')
-    if copy and mmap:
-        raise DataError("copy=True reads every array into memory and mmap=True maps them: ask for one of them")
     builder = Builder(spec, mmap=mmap, verify=verify, seed=seed, rows=rows, tables=tables, missing=missing, copy=copy)
     options = LOAD.set({"mmap": mmap, "device": device})
     total = 0 if spec.data is None or mmap else sum(e.nbytes for ps in spec.data.subcollections.values() for e in ps.values())
@@ -434,16 +427,6 @@ def build_spec(
             builder.close()
     _name_root(obj, spec.name)
     return obj
-
-
-def _maps_eager(tag: str) -> bool:
-    """Whether the component class of ``tag`` takes private copy-on-write maps of its files on an eager load (its
-    adapter says so: torch modules); an unknown tag is reported where it is built."""
-    try:
-        info = lookup(tag)
-    except XserError:
-        return False
-    return bool(getattr(info.adapter, "maps_eager", False))
 
 
 class Experiment(dict):

@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 
 from ..errors import DataError, Location, SpecError, XserError, did_you_mean, shape_str
+from .registry import lookup
 from .serialize import saved_args
 from .tables import IdSlice, may_hold, runs, select
 from ..dist import current
@@ -39,6 +40,8 @@ class Store:
         self.initialised: list[str] = []
         self.migrated: dict[str, dict[str, np.ndarray]] = {}
         self.named: dict[str, str] = {}  # subcollection -> where the spec names it (a component built from this store)
+        if copy and mmap:
+            raise DataError("copy=True reads every array into memory and mmap=True maps them: ask for one of them")
         self.mmap = mmap
         self.verify = verify
         #: an eager load from local files (not ``copy=True``): the subcollections of components whose adapter takes
@@ -61,6 +64,18 @@ class Store:
             entries = [e for e in entries if e.subcol not in self.private]
             self.futures.update(self.dir.read_many(mapped, mmap=True, verify=self.verify, rows=self.rows))
         self.futures.update(self.dir.read_many(entries, mmap=self.mmap, verify=self.verify, rows=self.rows))
+
+    def mark(self, stored: str, tag: str) -> str:
+        """A component of class ``tag`` reads the subcollection ``stored``: mapped on an eager load if its adapter
+        takes private copy-on-write maps (``maps_eager``: torch modules). Returns ``stored``."""
+        if self.maps and stored not in self.private:
+            try:
+                adapter = lookup(tag).adapter
+            except XserError:  # an unknown tag is reported where it is built
+                adapter = None
+            if getattr(adapter, "maps_eager", False):
+                self.private.add(stored)
+        return stored
 
     def mismatch(self, message: str, here: Location, where: Location | None) -> XserError:
         """The error for a spec that does not match the data: a ``DataError`` at the data, or, when the spec is a file
@@ -358,6 +373,18 @@ class _Source:
 
     def needed_by(self) -> str:
         return _at(self.where)
+
+    def mark(self, stored: str, tag: str) -> str:
+        """A component of class ``tag`` reads the subcollection ``stored``: mapped on an eager load if its adapter
+        takes private copy-on-write maps (``maps_eager``: torch modules). Returns ``stored``."""
+        if self.maps and stored not in self.private:
+            try:
+                adapter = lookup(tag).adapter
+            except XserError:  # an unknown tag is reported where it is built
+                adapter = None
+            if getattr(adapter, "maps_eager", False):
+                self.private.add(stored)
+        return stored
 
     def mismatch(self, message: str) -> XserError:
         """The error for parameters that do not match the spec (``Store.mismatch``: a ``SpecError`` at a hand edit)."""
