@@ -335,18 +335,20 @@ def serve(rank: int) -> None:
     import torch.distributed  # noqa: F401 - once, before any fork
 
     import crash_child  # noqa: F401 - the same, for kills at a filesystem call
-    # ``import xser`` is lazy: what a save and a load use is imported here, before any fork, or each forked rank would
-    # import it inside its first timed round (seconds on a loaded machine, past the tests' short timeouts)
-    import xser.api  # noqa: F401  (its verbs import their layers when called: those are imported here too)
+    # ``import xser`` is lazy: what the ranks' saves and loads use is imported here, before any fork, by one save and
+    # load of a small model with no coordinator (the YAML emitter and parser, the saver, the readers), or each forked
+    # rank would import it inside its first timed round (seconds on a loaded machine, past the tests' short timeouts)
     import xser.checkpoints.distributed  # noqa: F401
     import xser.checkpoints.rank_state  # noqa: F401
-    import xser.checkpoints.saver  # noqa: F401
-    import xser.model.build  # noqa: F401
-    import xser.model.serialize  # noqa: F401
-    import xser.spec.saved  # noqa: F401
-    import xser.storage.scanned  # noqa: F401
-    import xser.tools.reader  # noqa: F401
     import xser.tools.ranks  # noqa: F401
+    import xser.tools.reader  # noqa: F401
+
+    with tempfile.TemporaryDirectory() as warm:
+        with xser.CheckpointSaver(os.path.join(warm, "m.yaml"), keep=2) as s:
+            s.save(Head(), step=1)
+        xser.load(os.path.join(warm, "m.yaml"))
+        xser.read_params(os.path.join(warm, "m.yaml"))
+        xser.CheckpointReader(os.path.join(warm, "m.yaml")).close()
 
     print(json.dumps({"ready": rank}), flush=True)
     hosts: list[int] = []  # the stores of the last phase's jobs: they serve until every rank's phase is over
