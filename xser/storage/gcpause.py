@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -37,3 +38,16 @@ def paused() -> Iterator[None]:
             _state[0] -= 1
             if _state[0] == 0 and _state[1]:
                 gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    """A process forked while another thread's save or load had the collector paused (a DataLoader starting its
+    workers during an async save) holds none of those pauses: the collector runs there as it ran before them."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    if _state[0] and _state[1]:
+        gc.enable()
+    _state[0], _state[1] = 0, False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
