@@ -157,6 +157,40 @@ class TestDefaultPacking:
         out["big_endian"] = np.arange(3, dtype=">i4")
         return out
 
+    @pytest.mark.parametrize("fault", ["eio", "short", "truncated"])
+    @pytest.mark.parametrize("verify", [False, True])
+    def test_a_failed_container_read_returns_no_array(self, tmp_path, monkeypatch, fault, verify):
+        """A read error inside a packed container (an I/O error, a read cut short by a file truncated after it was
+        opened, a file cut short before) fails the whole read with a located DataError: no array whose bytes were not
+        read is handed out, verified or not."""
+        from xser.storage import batched
+
+        arrays = {f"w{i}": np.full((2,), 7.0, np.float32) for i in range(80)}
+        leaf = leaf_of(arrays)
+        path = str(tmp_path / "m.yaml")
+        xser.save(leaf, path, durable=False)
+        (name,) = containers(path)
+        file = f"{path}.data/{name}"
+        sub = xser.params(leaf).name
+        if fault == "eio":
+            def preadv(*a):
+                raise OSError(5, "Input/output error")
+
+            monkeypatch.setattr(batched.os, "preadv", preadv)
+            expect = f"{file}: cannot read tensor '{sub}/w0': Input/output error"
+        elif fault == "short":
+            monkeypatch.setattr(batched.os, "preadv", lambda *a: 0)
+            monkeypatch.setattr(batched, "pread_into", lambda *a: 0)
+            expect = f"{file}: file ended inside tensor '{sub}/w0'"
+        else:
+            size = os.path.getsize(file)
+            os.chmod(file, 0o644)
+            os.truncate(file, size - 4)
+            expect = f"{file}: file has {size - 4} bytes, manifest says {size} (truncated or replaced?)"
+        with pytest.raises(xser.DataError) as info:
+            xser.read_params(path, verify=verify)
+        assert str(info.value) == expect
+
     def test_small_arrays_packed_in_save_order(self, tmp_path, monkeypatch):
         """64 small arrays: in containers cut at CONTAINER_BYTES, in save order; the others keep their .npy; a second
         save links the unchanged containers; load, mmap, verify and rows give the bits."""

@@ -85,6 +85,7 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
     """Whole tensors of one packed container, checked against the manifest as ``_read_span`` does, read with one
     ``preadv`` per run of adjacent tensors (at most 1,024 buffers)."""
     got: list = []
+    ready = [0]  # how many of ``got`` hold their bytes: only those are results when a read fails
     try:
         block = batch[0].blocks[0]
         if verify:
@@ -99,18 +100,23 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
         def flush() -> None:
             if not run:
                 return
-            n = os.preadv(fd, [v for v, _ in run], at)
-            if n < end - at:  # a short read: the rest buffer by buffer (the end of the file: an error)
-                pos = at
-                for v, e in run:
-                    if n >= len(v):
-                        n, pos = n - len(v), pos + len(v)
-                        continue
-                    part = v[n:]
-                    if pread_into(f, part, pos + n) < len(part):
-                        raise DataError(f"file ended inside tensor {e.blocks[0].key!r}", Location(d.where(block.file)))
-                    n, pos = 0, pos + len(v)
+            try:
+                n = os.preadv(fd, [v for v, _ in run], at)
+                if n < end - at:  # a short read: the rest buffer by buffer (the end of the file: an error)
+                    pos = at
+                    for v, e in run:
+                        if n >= len(v):
+                            n, pos = n - len(v), pos + len(v)
+                            continue
+                        part = v[n:]
+                        if pread_into(f, part, pos + n) < len(part):
+                            raise DataError(f"file ended inside tensor {e.blocks[0].key!r}", Location(d.where(block.file)))
+                        n, pos = 0, pos + len(v)
+            except OSError as err:
+                raise DataError(f"cannot read tensor {run[0][1].blocks[0].key!r}: {err.strerror or err}",
+                                Location(d.where(block.file))) from None
             run.clear()
+            ready[0] = len(got)  # every array handed out so far holds its bytes
 
         total = 0
         for e in batch:
@@ -131,12 +137,13 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
             got.append(arr)
             total += b.length
         flush()
+        ready[0] = len(got)
         for i, e in enumerate(batch):
             if got[i].dtype != e.dtype:
                 got[i] = got[i].astype(e.dtype)
         advance(total)
-    except BaseException as err:  # noqa: BLE001 - the parameter's result raises it
-        return got, err
+    except BaseException as err:  # noqa: BLE001 - the parameter's result raises it (and so do those not yet read)
+        return got[: ready[0]], err
     return got, None
 
 
