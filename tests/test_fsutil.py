@@ -61,7 +61,6 @@ def test_syncfs_is_not_trusted_on_network_or_fuse_mounts_or_old_kernels(tmp_path
     fsynced instead."""
     monkeypatch.setattr(fsutil, "_SYNCFS", lambda fd: pytest.fail("syncfs called"))
     monkeypatch.setattr(fsutil, "fs_type", lambda path: kind)
-    monkeypatch.setattr(fsutil, "_USABLE", {})  # (what an earlier test found for tmp_path's filesystem)
     monkeypatch.setattr(fsutil.os, "uname", lambda: os.uname_result(("Linux", "h", release, "#1", "x86_64")))
     fsyncs: list[str] = []
     monkeypatch.setattr(fsutil, "fsync_file", fsyncs.append)

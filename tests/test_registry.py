@@ -36,6 +36,24 @@ class TestSerializable:
         finally:
             _unregister("!RegDup")
 
+    @pytest.mark.parametrize("tag", ["!Ensemble", "!TorchModule", "!AngelMatrix", "!DismecModel", "!RecisModel",
+                                     "!SafetensorsWeights"])
+    def test_a_plugin_tag_is_refused_before_its_plugin_loads(self, tag):
+        """xser's own components register on first use (import xser is lazy): a user class under one of their tags is
+        refused at its own decorator, as it was when they registered at import, not later where the plugin loads."""
+        from xser.model.adapters import PLUGIN_TAGS
+
+        with pytest.raises(xser.RegistryError) as info:
+
+            @xser.serializable(tag=tag)
+            class Mine:
+                pass
+        assert str(info.value) == (f"duplicate tag {tag}: test_registry.{type(self).__name__}."
+                                   f"test_a_plugin_tag_is_refused_before_its_plugin_loads.<locals>.Mine and the component "
+                                   f"{PLUGIN_TAGS[tag]} registers; give test_registry.{type(self).__name__}."
+                                   f"test_a_plugin_tag_is_refused_before_its_plugin_loads.<locals>.Mine its own tag: "
+                                   f"@xser.serializable(tag=\"!Mine2\")")
+
     def test_redefinition_replaces(self):
         """Re-running the same definition (a notebook cell) replaces the registration."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from unittest import mock
 
 import pytest
@@ -177,3 +178,24 @@ def test_dump_cache_tells_apart_trees_python_calls_equal():
     assert first[1] == "{a: 1.0}\n" and first[4] == "{a: -0.0}\n"
     nan = float("nan")
     assert dump({"a": nan}) == dump({"a": float("nan")}) == "{a: .nan}\n"
+
+
+def test_dump_cache_tells_apart_shared_and_equal_objects():
+    """One object under two keys is written as an anchor and an alias, two equal objects in full: the cache keeps
+    them apart whichever is rendered first (its key records which containers are one object seen again)."""
+    from xser.spec import dumping
+
+    def fresh(tree):
+        out = io.StringIO()
+        dumping._dumper(False).dump(tree, out)
+        return out.getvalue()
+
+    shared = Tagged("!Linear", {"n": 2})
+    trees = [{"x": shared, "y": shared}, {"x": Tagged("!Linear", {"n": 2}), "y": Tagged("!Linear", {"n": 2})},
+             {"x": [1], "y": [1]}]
+    lst = [1]
+    trees.append({"x": lst, "y": lst})
+    for order in (trees, trees[::-1]):
+        dumping._RENDERED.clear()
+        assert [dump(t) for t in order] == [fresh(t) for t in order]
+    assert "*id001" in dump(trees[0]) and "&" not in dump(trees[1])

@@ -18,7 +18,7 @@ from .snapshot import Snapshot, growing
 
 _log = logging.getLogger("xser")
 
-__all__ = ["BATCH_SYNC_BELOW", "SMALL_PLAN", "SaveOptions", "SaveReport", "before_writing", "check_against", "disk_structure",
+__all__ = ["SMALL_PLAN", "SaveOptions", "SaveReport", "before_writing", "check_against", "disk_structure",
            "plan_bytes", "same_bytes", "same_meta"]
 
 
@@ -73,10 +73,6 @@ class SaveReport:
 #: a plan whose arrays hold fewer bytes than this is written on the caller's thread unless each file is fsynced:
 #: handing a few small files to the pool costs more than writing them (no fsync to overlap)
 SMALL_PLAN = 1 << 20
-#: a durable plan of fewer bytes than this is made durable by one syncfs at the end where it is usable
-#: (``fsutil.syncfs``): 10 small files took 13 fsyncs, each a journal commit, 10x the time of one syncfs. Larger
-#: plans fsync each file on its writer thread, right after writing it, so that writeback overlaps the writing.
-BATCH_SYNC_BELOW = 64 << 20
 
 
 def plan_bytes(plan: Any, stop: int) -> int:

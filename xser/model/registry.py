@@ -133,6 +133,10 @@ def serializable(
         for f in attrs.fields(cls):
             if f.name in RESERVED_KEYS or f.alias in RESERVED_KEYS:
                 raise RegistryError(f"{_qualname(cls)}: field name {f.name!r} is reserved by xser")
+        owner = PLUGIN_TAGS.get(name)  # a tag xser's own plugins register on first use: refused here, not there
+        if owner is not None and cls.__module__ != owner and not cls.__module__.startswith(owner + "."):
+            raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and the component {owner} registers; give "
+                                f"{_qualname(cls)} its own tag: @xser.serializable(tag=\"!{cls.__name__}2\")")
         old = _BY_TAG.get(name)
         if old is not None and _qualname(old.cls) != _qualname(cls):
             raise RegistryError(f"duplicate tag {name}: {_qualname(cls)} and {_qualname(old.cls)}; give one of them its own "

@@ -133,18 +133,26 @@ class _Uncached(Exception):
     """A tree holding a value whose text ``_key`` cannot tell apart exactly (rendered every time)."""
 
 
-def _key(v: Any) -> Any:
+def _key(v: Any, seen: dict | None = None) -> Any:
     """A hashable value equal for two trees exactly when they render the same: every type kept (``1``, ``1.0`` and
-    ``True`` differ), floats by their repr (``-0.0``, ``nan``), keys in order."""
+    ``True`` differ), floats by their repr (``-0.0``, ``nan``), keys in order, and which containers are one object
+    seen again (the emitter writes those as an anchor and aliases)."""
     t = type(v)
     if t is str or t is int or t is bool or v is None:
         return (t, v)
     if t is float:
         return (t, repr(v))
+    if seen is None:
+        seen = {}
+    if t is dict or t is list or t is Tagged:
+        again = seen.get(id(v))
+        if again is not None:
+            return ("alias", again)
+        seen[id(v)] = len(seen)
     if t is dict:
-        return (t, tuple((_key(k), _key(x)) for k, x in v.items()))
+        return (t, tuple((_key(k, seen), _key(x, seen)) for k, x in v.items()))
     if t is list:
-        return (t, tuple(_key(x) for x in v))
+        return (t, tuple(_key(x, seen) for x in v))
     if t is Tagged:
-        return (t, v.tag if type(v.tag) is str else _key(v.tag), _key(v.args))
+        return (t, v.tag if type(v.tag) is str else _key(v.tag, seen), _key(v.args, seen))
     raise _Uncached

@@ -146,22 +146,8 @@ def fs_type(path: str) -> str | None:
 def syncfs_usable(directory: str) -> bool:
     """One ``syncfs`` makes every file in ``directory`` durable, with errors reported: Linux >= 5.8 (before, syncfs
     returned 0 after writeback errors) and a local filesystem of ``SYNCFS_TYPES`` (a FUSE or network mount may not
-    pass it on to where the data lives). The answer is kept per filesystem (``st_dev``): a save asks every time."""
-    if _SYNCFS is None or not _kernel_at_least(5, 8):
-        return False
-    try:
-        dev = os.stat(directory).st_dev
-    except OSError:
-        dev = None
-    usable = _USABLE.get(dev) if dev is not None else None
-    if usable is None:
-        usable = fs_type(directory) in SYNCFS_TYPES
-        if dev is not None:
-            _USABLE[dev] = usable
-    return usable
-
-
-_USABLE: dict[int, bool] = {}  # st_dev -> syncfs_usable
+    pass it on to where the data lives)."""
+    return _SYNCFS is not None and _kernel_at_least(5, 8) and fs_type(directory) in SYNCFS_TYPES
 
 
 def syncfs(directory: str) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from ...errors import DataError, Location, StorageError
-from ..fsutil import fsync_dir, fsync_file, libc_function, makedirs_durable, os_error, syncfs
+from ..fsutil import fsync_dir, libc_function, makedirs_durable, os_error
 from .dirhandle import O_DIR
 from ..layout import OLD_MARK, leftovers, temp_name
 from . import trash
@@ -72,10 +72,6 @@ class Staging:
     manifest: dict = attrs.field(factory=dict)
     written: int = 0
     linked: int = 0
-    #: durable, with the files written unsynced (``unsynced``, outside the manifest): ``finish_manifest`` makes them,
-    #: the manifest and every directory durable with one ``syncfs`` (``fsutil.syncfs``), or fsyncs each where it fails
-    batch: bool = False
-    unsynced: list = attrs.field(factory=list)
 
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -165,19 +161,14 @@ def finish_manifest(staging: Staging, manifest: dict, dirs: Any) -> dict:
     """Write ``manifest`` (last) into the staging directory, fsync it, the directories ``dirs`` and the staging
     directory itself; return it."""
     path = os.path.join(staging.path, MANIFEST)
-    each = staging.durable and not staging.batch
     try:
         with open(path, "x", encoding="utf-8") as f:
             f.write(render_manifest(manifest))
             os.fchmod(f.fileno(), READ_ONLY)
-            if each:
+            if staging.durable:
                 f.flush()
                 os.fsync(f.fileno())
-        if staging.batch and staging.durable and not syncfs(staging.path):
-            for p in staging.unsynced + [path]:  # (syncfs refused after all: each file, then the directories)
-                fsync_file(p)
-            each = True
-        if each:
+        if staging.durable:
             for d in dirs:
                 fsync_dir(os.path.join(staging.path, d))
             fsync_dir(staging.path)
