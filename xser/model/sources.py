@@ -374,18 +374,6 @@ class _Source:
     def needed_by(self) -> str:
         return _at(self.where)
 
-    def mark(self, stored: str, tag: str) -> str:
-        """A component of class ``tag`` reads the subcollection ``stored``: mapped on an eager load if its adapter
-        takes private copy-on-write maps (``maps_eager``: torch modules). Returns ``stored``."""
-        if self.maps and stored not in self.private:
-            try:
-                adapter = lookup(tag).adapter
-            except XserError:  # an unknown tag is reported where it is built
-                adapter = None
-            if getattr(adapter, "maps_eager", False):
-                self.private.add(stored)
-        return stored
-
     def mismatch(self, message: str) -> XserError:
         """The error for parameters that do not match the spec (``Store.mismatch``: a ``SpecError`` at a hand edit)."""
         return self.origin.store.mismatch(message, self.location(), self.where)
