@@ -260,7 +260,9 @@ def _packable(dtype: np.dtype) -> bool:
     ok = _PACKABLE.get(dtype)
     if ok is None:
         d = find(dtype)
-        ok = _PACKABLE[dtype] = d is not None and d.safetensors is not None and dtype.byteorder != ">"
+        ok = d is not None and d.safetensors is not None and dtype.byteorder != ">"
+        if len(_PACKABLE) < 4096:  # (record dtypes are without number)
+            _PACKABLE[dtype] = ok
     return ok
 
 
