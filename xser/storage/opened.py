@@ -276,6 +276,44 @@ class OpenedDir(DirHandle):
                 raise DataError(f"file ended inside tensor {block.key!r}", Location(where))
         return out if stored == entry.dtype else out.astype(entry.dtype)
 
+    def read_into(self, entries: list[ParamEntry], out: np.ndarray, *, verify: bool = False) -> None:
+        """The bytes of several whole parameters, back to back in C order, into the flat byte buffer ``out`` (which
+        holds exactly their bytes). Tensors of a local packed container that follow each other in the file are read
+        in one ``pread`` (the container opened, its size checked and, with ``verify``, its checksum checked once for
+        this directory); any other parameter through ``read``."""
+        local = type(self)._read_block is OpenedDir._read_block
+        at, run = 0, None  # run: [container, file offset, start in out, bytes]
+
+        def flush() -> None:
+            if run is not None and run[3]:
+                held, block, start, length = run[0], run[1], run[2], run[3]
+                if pread_into(held[0], out[start : start + length], block) < length:
+                    raise DataError(f"file ended inside tensor {run[4]!r}", Location(self.where(run[5])))
+
+        for e in entries:
+            n = math.prod(e.shape) * e.dtype.itemsize
+            b = e.blocks[0]
+            if local and e.whole and b.offset is not None and b.format == "safetensors" and e.dtype.byteorder != ">":
+                if b.length != n:
+                    raise DataError(f"tensor {b.key!r}: the manifest's {b.length} bytes at {b.offset} do not hold "
+                                    f"{tuple(e.shape)} {e.dtype}", Location(self.where(b.file)))
+                if run is not None and run[5] == b.file and run[1] + run[3] == b.offset:
+                    run[3] += n
+                else:
+                    flush()
+                    if verify:
+                        self.verify_once(b)
+                    run = [self._container(b), b.offset, at, n, b.key, b.file]
+            else:
+                flush()
+                run = None
+                a = self.read(e, verify=verify)
+                out[at : at + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            at += n
+        flush()
+        if at != out.size:
+            raise ValueError(f"read_into: the parameters hold {at} bytes, the buffer {out.size}")
+
     def verify_once(self, block: Block) -> None:
         """Check a file several parameters share against its checksum, once for this opened directory."""
         with _VERIFY_LOCK:

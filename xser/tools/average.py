@@ -33,6 +33,7 @@ from ..spec import read
 from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
 from .average_tables import MISSING, table_streams, tables_of
+from .average_small import SmallMeans, small_enough
 from ..model.tables import one_run
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
@@ -218,11 +219,15 @@ def _exact(pieces: Iterator[np.ndarray], n: int, total: int, where: str) -> Iter
 
 
 def _mean_chunk(
-    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None
-) -> tuple[bool, np.ndarray]:
+    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None,
+    segments: np.ndarray | None = None,
+) -> tuple[Any, np.ndarray]:
     """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
-    the same bits, and return the first checkpoint's bits."""
-    same = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
+    the same bits, and return the first checkpoint's bits. ``segments``: the piece is several arrays back to back,
+    starting at these byte offsets (none empty); then ``same`` is a bool array, one per array."""
+    same: Any = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
+    if segments is not None:
+        same = np.full(len(segments), same)
     first = None
     src0 = None
     for i, (src_iter, w) in enumerate(zip(sources, wts)):
@@ -230,6 +235,8 @@ def _mean_chunk(
         bits = piece.view(np.uint8)
         if i == 0:
             first = bits
+        elif segments is not None:
+            same &= ~np.logical_or.reduceat(bits != first, segments)
         elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
             same = False  # checkpoints that differ almost always differ in the first values
         src = _real_parts(piece)
@@ -385,6 +392,7 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
     workers = max(1, pool()._max_workers)
     arrays: dict[str, dict[str, tuple[Any, bool]]] = {}
     averaged, copied = [], []
+    small: dict[np.dtype, list] = {}  # dtype -> [chunk, [(sub, name, entries), ...]]: the small arrays, in save order
     for sub, params in newest.subcollections.items():
         arrays[sub] = {}
         for table, parts in tables_of(params).items():  # aligned by id, streamed
@@ -401,11 +409,20 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
             if is_averaged(e0.dtype):
                 per_elem = (3 if tag_of(e0.dtype) else 2) * _accumulator(e0.dtype, accumulate).itemsize + 2 * e0.dtype.itemsize
                 chunk = max(1, min(CHUNK_ELEMENTS, memory_budget // workers // per_elem))
-                arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable, e0.attrs)
+                if small_enough(e0, entries, chunk):  # packed like a save packs it, averaged with its neighbours (SmallMeans)
+                    small.setdefault(e0.dtype, [chunk, []])[1].append((sub, name, entries))
+                    arrays[sub][name] = None
+                else:
+                    arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable, e0.attrs)
                 averaged.append(f"{sub}/{name}")
             else:
                 arrays[sub][name] = (from_entry(newest, e0, verify=verify), e0.trainable, e0.attrs)
                 copied.append(f"{sub}/{name}")
+    for dtype, (chunk, members) in small.items():
+        means = SmallMeans(dirs, [m[2] for m in members], ws, _accumulator(dtype, accumulate), chunk, progress, verify,
+                           keep=2 * workers + 2)
+        for (sub, name, entries), lazy in zip(members, means.lazies()):
+            arrays[sub][name] = (lazy, entries[0].trainable, entries[0].attrs)
     notes = []
     if len(chosen) == 1:
         notes.append("only one checkpoint selected: the average is a copy of it")

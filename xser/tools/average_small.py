@@ -1,0 +1,145 @@
+"""Averaging many small arrays at once (a model of thousands of small tensors, packed in containers).
+
+Each small floating-point array (one that fits in one of the average's chunks and that a save packs) becomes a
+``Lazy`` payload, so the planner packs the averaged model as a save of the same model would be, and the container
+writer asks for the arrays one after the other. The arrays of one dtype are cut, in save order, into batches of at
+most one chunk of elements; the first array of a batch asked for computes the whole batch: every checkpoint's bytes of
+its arrays read back to back (``OpenedDir.read_into``: one ``pread`` per run of neighbouring tensors of a container,
+each container's checksum checked once), summed and divided in single passes over the batch, with the same
+operations, in the same order and precision, as the chunk loop of ``average._mean_stream``, and each array whose
+bytes are the same in every checkpoint given back bit for bit (per array, as that loop does per chunk). The result of
+an array is the same bits as when it is averaged alone. Memory: a few batches (each at most one chunk) held for the
+writer threads, recomputed if asked for again after they were let go.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..storage.dtypes import round_into, tag_of
+from ..storage.manifest import ParamEntry
+from ..storage.opened import OpenedDir
+from ..storage.payloads import Lazy
+from ..storage.plan import PACK_BELOW, _packable
+from ..storage.progress import advance
+
+__all__ = ["SmallMeans", "small_enough"]
+
+#: arrays per batch, at most (the per-array bookkeeping of a batch is a few numpy arrays of this length)
+BATCH_ARRAYS = 8192
+
+
+def small_enough(e0: ParamEntry, entries: list[ParamEntry], chunk: int) -> bool:
+    """Whether an averaged array is one a save packs (``plan.PACK_BELOW``) and fits one chunk: averaged in batches."""
+    size = math.prod(e0.shape)
+    return (size <= chunk and size * e0.dtype.itemsize < PACK_BELOW and _packable(e0.dtype)
+            and all(e.shape == e0.shape for e in entries))
+
+
+class SmallMeans:
+    """The means of many small arrays of one dtype, computed batch by batch as the writer asks for them."""
+
+    def __init__(self, dirs: list[OpenedDir], entries: list[list[ParamEntry]], weights: tuple[float, ...],
+                 acc_dtype: np.dtype, chunk_elems: int, progress: Callable[[int], None] | None, verify: bool,
+                 keep: int) -> None:
+        """``entries[k]``: the k-th array's entry in each of ``dirs`` (newest first), every one of ``dtype``'s size at
+        most ``chunk_elems`` elements; ``keep``: how many computed batches to hold at once."""
+        from .average import _mean_chunk, _real_parts
+
+        self._mean_chunk, self._real_parts = _mean_chunk, _real_parts
+        self.dirs, self.entries, self.weights, self.verify, self.progress = dirs, entries, weights, verify, progress
+        self.dtype = entries[0][0].dtype
+        self.acc_dtype = acc_dtype
+        self.keep = max(1, keep)
+        self.sizes = [math.prod(e[0].shape) for e in entries]
+        self.batch_of: list[int] = []
+        self.bounds: list[tuple[int, int]] = []  # (first array, stop) of each batch
+        lo, held = 0, 0
+        for k, n in enumerate(self.sizes):
+            if k > lo and (held + n > chunk_elems or k - lo >= BATCH_ARRAYS):
+                self.bounds.append((lo, k))
+                lo, held = k, 0
+            held += n
+            self.batch_of.append(len(self.bounds))
+        self.bounds.append((lo, len(self.sizes)))
+        self._lock = threading.Lock()
+        self._held: OrderedDict[int, list] = OrderedDict()  # batch -> [lock, (out, element offsets) or None]
+
+    def lazies(self) -> list[Lazy]:
+        return [Lazy(self.dtype, tuple(e[0].shape), functools.partial(self._take, k)) for k, e in enumerate(self.entries)]
+
+    def _take(self, k: int, index: tuple | None = None) -> np.ndarray:
+        b = self.batch_of[k]
+        with self._lock:
+            slot = self._held.get(b)
+            if slot is None:
+                slot = self._held[b] = [threading.Lock(), None]
+                while len(self._held) > self.keep:
+                    self._held.popitem(last=False)
+            else:
+                self._held.move_to_end(b)
+        with slot[0]:
+            if slot[1] is None:
+                slot[1] = self._compute(b)
+        out, starts = slot[1]
+        lo = self.bounds[b][0]
+        a = out[starts[k - lo] : starts[k - lo] + self.sizes[k]].reshape(self.entries[k][0].shape)
+        return a if index is None else a[index]
+
+    def _compute(self, b: int) -> tuple[np.ndarray, list[int]]:
+        lo, hi = self.bounds[b]
+        dtype, acc_dtype, ws = self.dtype, self.acc_dtype, self.weights
+        sizes = self.sizes[lo:hi]
+        starts = [0]
+        for n in sizes:
+            starts.append(starts[-1] + n)
+        m = starts[-1]
+        out = np.empty(m, dtype)
+        if not m:
+            return out, starts
+        unit = all(w == 1.0 for w in ws)
+        total = sum(ws)
+        acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
+        wts = [acc_real.type(w) for w in ws]
+        fused = dtype.kind == "f" and tag_of(dtype) is None
+        acc = np.empty(m, acc_dtype)
+        tmp = np.empty(m, acc_dtype) if not unit else None
+        conv = np.empty(m, acc_dtype) if tag_of(dtype) is not None else None
+        raw0 = np.empty(m * dtype.itemsize, np.uint8)
+        raw = np.empty(m * dtype.itemsize, np.uint8) if len(self.dirs) > 1 else None
+        batch = self.entries[lo:hi]
+
+        def source(i: int):
+            buf = raw0 if i == 0 else raw
+            self.dirs[i].read_into([e[i] for e in batch], buf, verify=self.verify)
+            yield buf.view(dtype)
+
+        # byte offsets of the non-empty arrays (an empty one has no bytes to compare)
+        full = np.array([n > 0 for n in sizes])
+        seg = np.array(starts[:-1], np.int64)[full] * dtype.itemsize
+        sources = [source(i) for i in range(len(self.dirs))]
+        rp = self._real_parts
+        a = rp(acc)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
+            same, first = self._mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv, seg)
+            if fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
+                np.divide(a, acc_real.type(total), out=out, dtype=acc_dtype, casting="unsafe")
+            else:
+                if total != 1.0:
+                    np.divide(a, acc_real.type(total), out=a)
+                round_into(out, acc)
+        if same.any():  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit (per array)
+            lengths = np.array(sizes, np.int64)[full] * dtype.itemsize
+            np.copyto(out.view(np.uint8), first, where=np.repeat(same, lengths))
+        nbytes = m * dtype.itemsize * len(self.dirs)
+        advance(nbytes)
+        if self.progress is not None:
+            self.progress(nbytes)
+        return out, starts
