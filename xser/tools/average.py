@@ -33,7 +33,7 @@ from ..spec import read
 from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
 from .average_tables import MISSING, table_streams, tables_of
-from .average_small import SmallMeans, small_enough
+from .average_small import SmallMeans, _mean_chunk, _real_parts, small_enough
 from ..model.tables import one_run
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
@@ -216,57 +216,6 @@ def _exact(pieces: Iterator[np.ndarray], n: int, total: int, where: str) -> Iter
                 yield buf[:want]
     if done != total or fill:
         raise CheckpointError(f"the file gave {done + fill} elements, {total} expected", Location(where))
-
-
-def _mean_chunk(
-    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None,
-    segments: np.ndarray | None = None,
-) -> tuple[Any, np.ndarray]:
-    """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
-    the same bits, and return the first checkpoint's bits. ``segments``: the piece is several arrays back to back,
-    starting at these byte offsets (none empty); then ``same`` is a bool array, one per array."""
-    same: Any = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
-    if segments is not None:
-        same = np.full(len(segments), same)
-    first = None
-    src0 = None
-    for i, (src_iter, w) in enumerate(zip(sources, wts)):
-        piece = next(src_iter)
-        bits = piece.view(np.uint8)
-        if i == 0:
-            first = bits
-        elif segments is not None:
-            same &= ~np.logical_or.reduceat(bits != first, segments)
-        elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
-            same = False  # checkpoints that differ almost always differ in the first values
-        src = _real_parts(piece)
-        if conv is not None:  # an extension dtype: widened exactly before any arithmetic
-            np.copyto(conv[: src.size], src, casting="unsafe")
-            src = conv[: src.size]
-        # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
-        # multiply a float32 piece by a float64 scalar weight in float32
-        if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
-            if unit and len(sources) > 1 and conv is None:
-                src0 = src  # its buffer is the first checkpoint's own (never ``conv``, which the next one reuses)
-            else:
-                np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
-        elif src0 is not None:  # widened and added in one pass: the same sum as a copy, then an add
-            np.add(src0, src, out=a, dtype=a.dtype)
-            src0 = None
-        elif unit:
-            np.add(a, src, out=a, dtype=a.dtype)
-        else:
-            np.multiply(src, w, out=t, dtype=t.dtype)
-            np.add(a, t, out=a, dtype=a.dtype)
-    return same, first
-
-
-def _real_parts(a: np.ndarray) -> np.ndarray:
-    """Complex numbers are averaged as pairs of reals: multiplying or dividing by a complex weight
-    would turn inf into nan and lose the sign of -0.0."""
-    if a.dtype.kind != "c":
-        return a
-    return a.view(np.dtype(a.dtype.byteorder + "f" + str(a.dtype.itemsize // 2)))
 
 
 def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accumulate, chunk_elems, progress, verify=True) -> Stream:

@@ -1,4 +1,4 @@
-"""Averaging many small arrays at once (a model of thousands of small tensors, packed in containers).
+"""The mean of one chunk (``_mean_chunk``), and of many small arrays at once (thousands of small tensors, packed).
 
 Each small floating-point array (one that fits in one of the average's chunks and that a save packs) becomes a
 ``Lazy`` payload, so the planner packs the averaged model as a save of the same model would be, and the container
@@ -36,6 +36,57 @@ __all__ = ["SmallMeans", "small_enough"]
 BATCH_ARRAYS = 8192
 
 
+def _mean_chunk(
+    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None,
+    segments: np.ndarray | None = None,
+) -> tuple[Any, np.ndarray]:
+    """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
+    the same bits, and return the first checkpoint's bits. ``segments``: the piece is several arrays back to back,
+    starting at these byte offsets (none empty); then ``same`` is a bool array, one per array."""
+    same: Any = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
+    if segments is not None:
+        same = np.full(len(segments), same)
+    first = None
+    src0 = None
+    for i, (src_iter, w) in enumerate(zip(sources, wts)):
+        piece = next(src_iter)
+        bits = piece.view(np.uint8)
+        if i == 0:
+            first = bits
+        elif segments is not None:
+            same &= ~np.logical_or.reduceat(bits != first, segments)
+        elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
+            same = False  # checkpoints that differ almost always differ in the first values
+        src = _real_parts(piece)
+        if conv is not None:  # an extension dtype: widened exactly before any arithmetic
+            np.copyto(conv[: src.size], src, casting="unsafe")
+            src = conv[: src.size]
+        # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
+        # multiply a float32 piece by a float64 scalar weight in float32
+        if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
+            if unit and len(sources) > 1 and conv is None:
+                src0 = src  # its buffer is the first checkpoint's own (never ``conv``, which the next one reuses)
+            else:
+                np.copyto(a, src) if unit else np.multiply(src, w, out=a, dtype=a.dtype)
+        elif src0 is not None:  # widened and added in one pass: the same sum as a copy, then an add
+            np.add(src0, src, out=a, dtype=a.dtype)
+            src0 = None
+        elif unit:
+            np.add(a, src, out=a, dtype=a.dtype)
+        else:
+            np.multiply(src, w, out=t, dtype=t.dtype)
+            np.add(a, t, out=a, dtype=a.dtype)
+    return same, first
+
+
+def _real_parts(a: np.ndarray) -> np.ndarray:
+    """Complex numbers are averaged as pairs of reals: multiplying or dividing by a complex weight
+    would turn inf into nan and lose the sign of -0.0."""
+    if a.dtype.kind != "c":
+        return a
+    return a.view(np.dtype(a.dtype.byteorder + "f" + str(a.dtype.itemsize // 2)))
+
+
 def small_enough(e0: ParamEntry, entries: list[ParamEntry], chunk: int) -> bool:
     """Whether an averaged array is one a save packs (``plan.PACK_BELOW``) and fits one chunk: averaged in batches."""
     size = math.prod(e0.shape)
@@ -51,9 +102,6 @@ class SmallMeans:
                  keep: int) -> None:
         """``entries[k]``: the k-th array's entry in each of ``dirs`` (newest first), every one of ``dtype``'s size at
         most ``chunk_elems`` elements; ``keep``: how many computed batches to hold at once."""
-        from .average import _mean_chunk, _real_parts
-
-        self._mean_chunk, self._real_parts = _mean_chunk, _real_parts
         self.dirs, self.entries, self.weights, self.verify, self.progress = dirs, entries, weights, verify, progress
         self.dtype = entries[0][0].dtype
         self.acc_dtype = acc_dtype
@@ -125,10 +173,10 @@ class SmallMeans:
         full = np.array([n > 0 for n in sizes])
         seg = np.array(starts[:-1], np.int64)[full] * dtype.itemsize
         sources = [source(i) for i in range(len(self.dirs))]
-        rp = self._real_parts
+        rp = _real_parts
         a = rp(acc)
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
-            same, first = self._mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv, seg)
+            same, first = _mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv, seg)
             if fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
                 np.divide(a, acc_real.type(total), out=out, dtype=acc_dtype, casting="unsafe")
             else:
