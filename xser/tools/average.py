@@ -33,7 +33,7 @@ from ..spec import read
 from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
 from .average_tables import MISSING, table_streams, tables_of
-from .average_small import SmallMeans, _mean_chunk, _real_parts, small_enough
+from .average_small import SmallMeans, _mean_chunk, _real_parts, copied_small, small_enough
 from ..model.tables import one_run
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
@@ -365,7 +365,8 @@ def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir
                     arrays[sub][name] = (_mean_stream(dirs, entries, ws, accumulate, chunk, progress, verify), e0.trainable, e0.attrs)
                 averaged.append(f"{sub}/{name}")
             else:
-                arrays[sub][name] = (from_entry(newest, e0, verify=verify), e0.trainable, e0.attrs)
+                copy = copied_small(newest, e0, verify) if e0.whole and e0.blocks[0].key is not None else None
+                arrays[sub][name] = (copy or from_entry(newest, e0, verify=verify), e0.trainable, e0.attrs)
                 copied.append(f"{sub}/{name}")
     for dtype, (chunk, members) in small.items():
         means = SmallMeans(dirs, [m[2] for m in members], ws, _accumulator(dtype, accumulate), chunk, progress, verify,

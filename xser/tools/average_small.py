@@ -30,7 +30,7 @@ from ..storage.payloads import Lazy
 from ..storage.plan import PACK_BELOW, _packable
 from ..storage.progress import advance
 
-__all__ = ["SmallMeans", "small_enough"]
+__all__ = ["SmallMeans", "copied_small", "small_enough"]
 
 #: arrays per batch, at most (the per-array bookkeeping of a batch is a few numpy arrays of this length)
 BATCH_ARRAYS = 8192
@@ -92,6 +92,19 @@ def small_enough(e0: ParamEntry, entries: list[ParamEntry], chunk: int) -> bool:
     size = math.prod(e0.shape)
     return (size <= chunk and size * e0.dtype.itemsize < PACK_BELOW and _packable(e0.dtype)
             and all(e.shape == e0.shape for e in entries))
+
+
+def copied_small(newest: OpenedDir, e: ParamEntry, verify: bool) -> Lazy | None:
+    """A small array of a container copied from the newest checkpoint (not floating point), as a ``Lazy`` the planner
+    packs with the averaged ones (None: not one a save packs). Its bytes are read when the writer asks for them."""
+    if math.prod(e.shape) * e.dtype.itemsize >= PACK_BELOW or not _packable(e.dtype):
+        return None
+    return Lazy(e.dtype, tuple(e.shape), functools.partial(_read_copy, newest, e, verify))
+
+
+def _read_copy(d: OpenedDir, e: ParamEntry, verify: bool, index: tuple | None = None) -> np.ndarray:
+    a = d.read(e, verify=verify)
+    return a if index is None else a[index]
 
 
 class SmallMeans:
