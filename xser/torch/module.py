@@ -270,8 +270,9 @@ class TorchSubcollection(Subcollection):
             arr = source.fetch(self.name, name, tuple(t.shape), dtype)
             src = from_numpy(arr, copy=False)
             # a private copy-on-write map of the file (mmap=True, or an eager load: what safetensors' load_file gives)
-            # becomes the tensor's data: copying it into the constructor's memory would read every page at once
-            _put(t, src, mapped or src.dtype != t.dtype or _is_map(arr))
+            # becomes the tensor's data: copying it into the constructor's memory would read every page at once (a
+            # file stored in Fortran order, a transposed view's, is copied: the module's tensor stays contiguous)
+            _put(t, src, mapped or src.dtype != t.dtype or (_is_map(arr) and arr.flags.c_contiguous))
         self._filled.update(state)
 
 
