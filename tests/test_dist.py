@@ -40,8 +40,8 @@ from dist_child import BUCKETS, COLS, ROWS, every_id  # noqa: E402
 #: seconds a rank waits for another in the failure tests (xser.dist.TorchDistributed(timeout=))
 TIMEOUT = 3.0
 #: what a surviving rank may take beyond the timeout to raise: the save's work before the failed round, on a
-#: loaded two-core machine running several jobs at once
-SLACK = 3.0
+#: loaded two-core machine running several jobs at once (a clean CI run once measured 11.3 s against 2 x 3 + 3)
+SLACK = 6.0
 
 
 # ---------------------------------------------------------------- the launcher
