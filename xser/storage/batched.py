@@ -69,6 +69,18 @@ def read_many(d: Any, entries: Iterable[ParamEntry], *, mmap: bool = False, veri
     return out
 
 
+def span_mismatch(block: Any, shape: tuple, dtype: np.dtype, where: str) -> DataError:
+    """The error for a packed tensor whose manifest length does not hold its shape and dtype."""
+    return DataError(f"tensor {block.key!r}: the manifest's {block.length} bytes at {block.offset} do not hold "
+                     f"{tuple(shape)} {dtype}", Location(where))
+
+
+def fill_span(f: Any, view: Any, offset: int, key: str, where: str) -> None:
+    """Fill ``view`` from ``offset`` of a packed container; a file that ends first is a ``DataError``."""
+    if pread_into(f, view, offset) < len(view):
+        raise DataError(f"file ended inside tensor {key!r}", Location(where))
+
+
 def _read_each(d: Any, batch: list, mmap: bool, verify: bool) -> tuple[list, BaseException | None]:
     """Parameters read one after the other (a batch of ``read_many``): (arrays, the error that stopped it)."""
     got: list = []
@@ -93,7 +105,7 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
         f = d._container(block)[0]
         if not mappable(f):
             return _read_each(d, [(e, None) for e in batch], False, False)
-        fd, where = f.fileno(), None
+        fd = f.fileno()
         run: list = []  # (byte view, entry) of adjacent tensors
         at = end = 0
 
@@ -108,9 +120,7 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
                         if n >= len(v):
                             n, pos = n - len(v), pos + len(v)
                             continue
-                        part = v[n:]
-                        if pread_into(f, part, pos + n) < len(part):
-                            raise DataError(f"file ended inside tensor {e.blocks[0].key!r}", Location(d.where(block.file)))
+                        fill_span(f, v[n:], pos + n, e.blocks[0].key, d.where(block.file))
                         n, pos = 0, pos + len(v)
             except OSError as err:
                 raise DataError(f"cannot read tensor {run[0][1].blocks[0].key!r}: {err.strerror or err}",
@@ -124,9 +134,7 @@ def _read_packed(d: Any, batch: list[ParamEntry], verify: bool) -> tuple[list, B
             dtype = e.dtype
             stored = dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
             if b.length != math.prod(e.shape) * stored.itemsize:
-                where = where or d.where(block.file)
-                raise DataError(f"tensor {b.key!r}: the manifest's {b.length} bytes at {b.offset} do not hold "
-                                f"{tuple(e.shape)} {dtype}", Location(where))
+                raise span_mismatch(b, e.shape, dtype, d.where(block.file))
             arr = np.empty(e.shape, stored)
             if b.length:
                 if not run or b.offset != end or len(run) >= 1024:

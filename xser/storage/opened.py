@@ -32,10 +32,10 @@ from .formats.npy import header_from_bytes as npy_header_from_bytes
 from .formats.npy import map_fd
 from .dtypes import storage_of
 from .disk.dirhandle import O_DIR, O_FILE, CheckpointVanished, DirHandle, MissingDir
-from .fsutil import file_size, mappable, pread_into, require_regular
+from .fsutil import file_size, mappable, require_regular
 from .disk.lock import pin as pin_dir
 from .manifest import MANIFEST, Block, Manifest, ParamEntry, parse_manifest
-from .batched import Done, read_many, stop
+from .batched import Done, fill_span, read_many, span_mismatch, stop
 
 __all__ = ["CheckpointVanished", "DirHandle", "MissingDir", "OpenedDir", "check_rows", "gather", "stop"]
 _Done = Done  # (the name other modules knew it by)
@@ -258,8 +258,7 @@ class OpenedDir(DirHandle):
         where = self.where(block.file)
         stored = entry.dtype.newbyteorder("<") if entry.dtype.byteorder == ">" else entry.dtype
         if block.length != math.prod(bshape) * stored.itemsize:
-            raise DataError(f"tensor {block.key!r}: the manifest's {block.length} bytes at {block.offset} do not hold "
-                            f"{tuple(bshape)} {entry.dtype}", Location(where))
+            raise span_mismatch(block, bshape, entry.dtype, where)
         offset, shape = block.offset, tuple(bshape)
         if rows is not None and shape:
             row = math.prod(shape[1:]) * stored.itemsize
@@ -272,8 +271,7 @@ class OpenedDir(DirHandle):
         else:
             out = np.empty(shape, stored)
             view = out.reshape(-1).view(np.uint8) if out.size else np.empty(0, np.uint8)
-            if pread_into(held[0], view, offset) < view.size:
-                raise DataError(f"file ended inside tensor {block.key!r}", Location(where))
+            fill_span(held[0], view, offset, block.key, where)
         return out if stored == entry.dtype else out.astype(entry.dtype)
 
     def read_into(self, entries: list[ParamEntry], out: np.ndarray, *, verify: bool = False) -> None:
@@ -286,17 +284,15 @@ class OpenedDir(DirHandle):
 
         def flush() -> None:
             if run is not None and run[3]:
-                held, block, start, length = run[0], run[1], run[2], run[3]
-                if pread_into(held[0], out[start : start + length], block) < length:
-                    raise DataError(f"file ended inside tensor {run[4]!r}", Location(self.where(run[5])))
+                held, offset, start, length = run[0], run[1], run[2], run[3]
+                fill_span(held[0], out[start : start + length], offset, run[4], self.where(run[5]))
 
         for e in entries:
             n = math.prod(e.shape) * e.dtype.itemsize
             b = e.blocks[0]
             if local and e.whole and b.offset is not None and b.format == "safetensors" and e.dtype.byteorder != ">":
                 if b.length != n:
-                    raise DataError(f"tensor {b.key!r}: the manifest's {b.length} bytes at {b.offset} do not hold "
-                                    f"{tuple(e.shape)} {e.dtype}", Location(self.where(b.file)))
+                    raise span_mismatch(b, e.shape, e.dtype, self.where(b.file))
                 if run is not None and run[5] == b.file and run[1] + run[3] == b.offset:
                     run[3] += n
                 else:
