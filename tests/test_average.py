@@ -398,3 +398,29 @@ def test_many_small_arrays_average_like_one_at_a_time(tmp_path_factory, monkeypa
             assert bit_equal(new[sub][k], old[sub][k]), k
     assert any(f.endswith(".safetensors") for f in os.listdir(tmp / "new.yaml.data"))  # packed as a save packs
     assert not any(f.endswith(".safetensors") for f in os.listdir(tmp / "old.yaml.data"))
+
+
+def test_a_read_error_in_a_packed_input_names_that_input(tmp_path, monkeypatch):
+    """An I/O error while the batched average reads a packed input container is a DataError at that container and
+    tensor, not a write error at the output it was computing."""
+    from xser.storage import fsutil
+
+    arrays = {f"w{i}": np.full((2,), 7.0, np.float32) for i in range(80)}
+    leaf = leaf_of(arrays)
+    path = str(tmp_path / "m.yaml")
+    with xser.CheckpointSaver(path, keep=3, durable=False) as s:
+        for step in (1, 2):
+            for a in arrays.values():
+                a += 1
+            s.save(leaf, step=step)
+    inputs = sorted(str(p) for p in tmp_path.glob("m.yaml.data*/model-000000-of-000001.safetensors"))
+    assert len(inputs) == 2
+
+    def preadv(*a):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(fsutil.os, "preadv", preadv)
+    with pytest.raises(xser.DataError) as info:
+        average(path, str(tmp_path / "avg.yaml"), last=2, durable=False, verify=False)
+    sub = xser.params(leaf).name
+    assert str(info.value) in [f"{c}: cannot read tensor '{sub}/w0': Input/output error" for c in inputs]

@@ -76,8 +76,13 @@ def span_mismatch(block: Any, shape: tuple, dtype: np.dtype, where: str) -> Data
 
 
 def fill_span(f: Any, view: Any, offset: int, key: str, where: str) -> None:
-    """Fill ``view`` from ``offset`` of a packed container; a file that ends first is a ``DataError``."""
-    if pread_into(f, view, offset) < len(view):
+    """Fill ``view`` from ``offset`` of a packed container; a file that ends first, or fails to read, is a
+    ``DataError`` naming the container and the tensor (not the writer that wanted the bytes, in an average)."""
+    try:
+        got = pread_into(f, view, offset)
+    except OSError as err:
+        raise DataError(f"cannot read tensor {key!r}: {err.strerror or err}", Location(where)) from None
+    if got < len(view):
         raise DataError(f"file ended inside tensor {key!r}", Location(where))
 
 
