@@ -424,3 +424,110 @@ def test_a_read_error_in_a_packed_input_names_that_input(tmp_path, monkeypatch):
         average(path, str(tmp_path / "avg.yaml"), last=2, durable=False, verify=False)
     sub = xser.params(leaf).name
     assert str(info.value) in [f"{c}: cannot read tensor '{sub}/w0': Input/output error" for c in inputs]
+
+
+def _reference_mean(xs: list[np.ndarray], ws: list[float], dtype: np.dtype) -> np.ndarray:
+    """The weighted mean of each element alone, in Python scalars of the accumulator's precision, in checkpoint order
+    (newest first): what the average computes for an element the checkpoints do not all hold bit for bit."""
+    from xser.storage.dtypes import round_into, tag_of
+
+    real = np.dtype(dtype.char.lower()) if dtype.kind == "c" else dtype
+    acc_t = np.longdouble if real == np.float64 and np.finfo(np.longdouble).nmant > 52 else np.float64
+    parts = [x.view(np.dtype(dtype.byteorder + "f" + str(dtype.itemsize // 2))) if dtype.kind == "c" else x for x in xs]
+    acc = np.empty(parts[0].size, acc_t)
+    total = acc_t(sum(ws))
+    with np.errstate(all="ignore"):
+        for j in range(acc.size):
+            s = acc_t(parts[0][j]) * acc_t(ws[0])
+            for p, w in zip(parts[1:], ws[1:]):
+                s = s + acc_t(p[j]) * acc_t(w)
+            acc[j] = s / total
+    out = np.empty(xs[0].shape, dtype)
+    outr = out.view(parts[0].dtype) if dtype.kind == "c" else out
+    if tag_of(dtype) is not None:
+        round_into(outr, acc)
+    else:
+        np.copyto(outr, acc, casting="unsafe")
+    return out
+
+
+_NAN_DTYPES = ["<f2", "<f4", "<f8", "<c8", "bfloat16"]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=[Phase.generate])
+@given(seed=st.integers(0, 2**32 - 1), descr=st.sampled_from(_NAN_DTYPES), weighted=st.booleans())
+def test_every_element_averages_alone_whatever_the_layout(tmp_path_factory, monkeypatch, seed, descr, weighted):
+    """Each element of an average depends on that element of each checkpoint only, never on its neighbours, its place
+    in a SIMD loop, the batch or the chunk: an element every checkpoint holds bit for bit is those bits (a signalling
+    NaN, a NaN payload, -0.0, a float64 that weights would round); any other element that averages to NaN is numpy's
+    NaN (an addition of two NaNs gives the sign and payload of whichever operand the CPU loop puts first, which numpy
+    chooses by position); the rest is the weighted mean. The same bits batched, one array at a time and chunk by
+    chunk."""
+    import xser.tools.average as avg
+
+    tmp = tmp_path_factory.mktemp("alone")
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(descr) if descr != "bfloat16" else xser.storage.dtypes.ml_dtype("bfloat16")
+    real = np.dtype(dt.char.lower()) if dt.kind == "c" else dt
+    k = real.itemsize
+    u = np.dtype(f"<u{k}")
+    nan_bits = {2: [0x7E00, 0xFE00, 0x7C01, 0x7E5A], 4: [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FC0BEEF],
+                8: [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0x7FF80000DEADBEEF]}[k]
+    if descr == "bfloat16":
+        nan_bits = [0x7FC0, 0xFFC0, 0x7F81, 0x7FDA]
+    weights = [float(w) for w in rng.choice([0.1, 0.7, 1.0, 2.5, 3.0], 3)] if weighted else [1.0, 1.0, 1.0]
+    sizes = [int(n) for n in rng.integers(0, 41, 70)]
+
+    def element(kind: int, r) -> list:
+        """One element's value (real-part bits) in each of the 3 checkpoints."""
+        one = lambda: int(np.array(r.standard_normal() * 10.0 ** int(r.integers(-3, 4)), real).view(u)) if descr != "bfloat16" \
+            else int(np.array(r.standard_normal(), np.float32).astype(dt).view(u))
+        if kind == 0:  # held bit for bit by every checkpoint
+            b = int(r.choice(nan_bits + [one(), one(), 1 << (8 * k - 1)]))
+            return [b, b, b]
+        if kind == 1:  # NaNs that differ
+            return [int(r.choice(nan_bits)) for _ in range(3)]
+        if kind == 2:  # a NaN among numbers, or inf and -inf
+            inf = int(np.array(np.inf, np.float32).astype(dt).view(u)) if descr == "bfloat16" else int(np.array(np.inf, real).view(u))
+            pick = r.integers(3)
+            return [int(r.choice(nan_bits)) if i == pick else one() for i in range(3)] if r.random() < 0.5 \
+                else [inf, inf | (1 << (8 * k - 1)), one()]
+        return [one(), one(), one()]
+
+    values = [{}, {}, {}]  # newest checkpoint first
+    for i, n in enumerate(sizes):
+        r = np.random.default_rng((seed, i))
+        cells = [element(int(r.integers(4)), r) for _ in range(n * (2 if dt.kind == "c" else 1))]
+        for c in range(3):
+            bits = np.array([cell[c] for cell in cells], u)
+            values[c][f"p{i}"] = bits.view(dt) if dt.kind != "c" else bits.view(real).view(dt)
+    path = str(tmp / "m.yaml")
+    leaf = leaf_of(values[2])
+    with xser.CheckpointSaver(path, keep=3) as saver:
+        for step in range(3):
+            for name, a in values[2 - step].items():
+                xser.params(leaf)[name] = a
+            saver.save(leaf, step=step)
+    average(path, tmp / "batched.yaml", weights=weights)
+    with monkeypatch.context() as mp:
+        mp.setattr(avg, "small_enough", lambda *a: False)
+        average(path, tmp / "alone.yaml", weights=weights)
+        average(path, tmp / "chunks.yaml", weights=weights, memory_budget=1)
+    outs = [next(iter(xser.read_params(tmp / f"{n}.yaml").values())) for n in ("batched", "alone", "chunks")]
+    canonical = np.array(np.nan, np.float32).astype(dt).view(u) if descr == "bfloat16" else np.array(np.nan, real).view(u)
+    for i in range(len(sizes)):
+        name = f"p{i}"
+        xs = [values[c][name] for c in range(3)]
+        bits = [x.view(u) if dt.kind != "c" else x.view(real).view(u) for x in xs]
+        held = (bits[0] == bits[1]) & (bits[0] == bits[2])
+        expected = _reference_mean(xs, weights, dt)
+        eb = expected.view(u) if dt.kind != "c" else expected.view(real).view(u)
+        eb = eb.copy()
+        is_nan = np.isnan(expected.astype(np.float32) if descr == "bfloat16" else expected.view(real) if dt.kind == "c" else expected)
+        eb[is_nan] = canonical
+        eb[held] = bits[0][held]
+        for o in outs:
+            got = o[name]
+            gb = got.view(u) if dt.kind != "c" else got.view(real).view(u)
+            assert got.dtype == dt and got.shape == xs[0].shape, name
+            assert gb.tolist() == eb.tolist(), (name, [hex(b) for b in gb], [hex(b) for b in eb])

@@ -280,6 +280,76 @@ class TestAverage:
         assert xser.load(tmp_path / "a.yaml").emb.ids.tolist() == [1, 2, 3]
 
 
+    @pytest.mark.parametrize("missing", ["present", "zero"])
+    @pytest.mark.parametrize("band", [2, 1 << 15])
+    @pytest.mark.parametrize("dtype", ["float32", "float64"])
+    def test_each_element_averages_alone(self, tmp_path, monkeypatch, missing, band, dtype):
+        """Each element of an averaged row depends only on that element in the checkpoints that hold its id: if they
+        all hold the same bits (and, with missing="zero", all of them hold the id) those bits are kept (a signalling
+        NaN, a NaN payload, -0.0, a float64 the weights would round); any other element that averages to NaN is
+        numpy's NaN, whatever the NaNs met (two NaNs added give the bits of whichever operand the CPU loop takes
+        first); the rest is the weighted sum in checkpoint order over the weights, as a scalar loop computes it."""
+        import xser.tools.average_tables as at
+
+        monkeypatch.setattr(at, "BAND_ROWS", band)
+        real = np.dtype(dtype)
+        u = np.dtype(f"u{real.itemsize}")
+        nans = ([0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FC0BEEF] if real.itemsize == 4 else
+                [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0x7FF80000DEADBEEF])
+        inf = int(np.array(np.inf, real).view(u))
+        rng = np.random.default_rng(7)
+        weights = [0.1, 3.0, 0.7]  # newest first
+        dim, n_ids = 5, 24
+        holders = {i: sorted(rng.choice(3, int(rng.integers(1, 4)), replace=False).tolist()) for i in range(n_ids)}
+        cells = {}  # id -> [dim][3] element bits per checkpoint (newest first)
+        for i in range(n_ids):
+            row = []
+            for _ in range(dim):
+                num = lambda: int(np.array(rng.standard_normal() * 10.0 ** int(rng.integers(-3, 4)), real).view(u))  # noqa: E731
+                kind = int(rng.integers(4))
+                if kind == 0:
+                    b = int(rng.choice(nans + [num(), 1 << (8 * real.itemsize - 1)]))
+                    row.append([b, b, b])
+                elif kind == 1:
+                    row.append([int(rng.choice(nans)) for _ in range(3)])
+                elif kind == 2:
+                    row.append([inf, inf | (1 << (8 * real.itemsize - 1)), num()])
+                else:
+                    row.append([num(), num(), num()])
+            cells[i] = row
+        path = str(tmp_path / "m.yaml")
+        m = TableModel(dim, slots=[], dtype=dtype)
+        with xser.CheckpointSaver(path, keep=5, durable=False) as saver:
+            for step in range(3):
+                c = 2 - step  # the checkpoint's place, newest first
+                ids = [i for i in range(n_ids) if c in holders[i]]
+                rows = np.array([[cells[i][e][c] for e in range(dim)] for i in ids], u).view(real)
+                if ids:
+                    m.emb.set(np.array(ids, np.int64), rows.reshape(len(ids), dim))
+                saver.save(m, step=step)
+                m.emb.remove(m.emb.ids)
+        average(path, tmp_path / "avg.yaml", weights=weights, missing=missing)
+        got = xser.load(tmp_path / "avg.yaml").emb
+        assert got.ids.tolist() == list(range(n_ids))
+        gb = got.get(got.ids).view(u)
+        canonical = int(np.array(np.nan, real).view(u))
+        for i in range(n_ids):
+            hs = holders[i]
+            den = sum(weights[c] for c in hs) if missing == "present" else sum(weights)
+            for e in range(dim):
+                bits = [cells[i][e][c] for c in hs]
+                if len(set(bits)) == 1 and (missing == "present" or len(hs) == 3):
+                    want = bits[0]
+                else:
+                    with np.errstate(all="ignore"):
+                        acc = np.float64(0.0)
+                        for c in hs:
+                            acc = acc + np.float64(np.array(cells[i][e][c], u).view(real)) * np.float64(weights[c])
+                        v = np.array(acc / np.float64(den)).astype(real)
+                    want = canonical if np.isnan(v) else int(v.view(u))
+                assert int(gb[i, e]) == want, (i, e, [hex(b) for b in bits], hex(int(gb[i, e])), hex(want))
+
+
 class TestTools:
     def test_convert_and_ensemble(self, tmp_path):
         path = str(tmp_path / "m.yaml")

@@ -33,7 +33,7 @@ from ..spec import read
 from ..checkpoints.snapshot import growing
 from ..storage.dtypes import is_averaged, round_into, tag_of
 from .average_tables import MISSING, table_streams, tables_of
-from .average_small import SmallMeans, _mean_chunk, _real_parts, copied_small, small_enough
+from .average_small import SmallMeans, _mean_chunk, _real_parts, copied_small, keep_held, small_enough, wide_accumulator
 from ..model.tables import one_run
 from ..storage.listing import Checkpoint, Scan, scan
 from ..storage.opened import OpenedDir
@@ -227,6 +227,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
 
     acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
     fused = dtype.kind == "f" and tag_of(dtype) is None  # round_into is a plain cast for these
+    wide = wide_accumulator(dtype, acc_real)
 
     def chunks():
         wts = [acc_real.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision
@@ -246,15 +247,15 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
                 m = min(n, size - start)
                 a = _real_parts(acc[:m])
                 with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
-                    same, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit, conv)
-                    if same:  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit
-                        out[:m].view(np.uint8)[:] = first
-                    elif fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
+                    keep, first = _mean_chunk(sources, wts, a, _real_parts(tmp[:m]) if tmp is not None else None, unit, conv,
+                                              wide)
+                    if fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
                         np.divide(a, acc_real.type(total), out=out[:m], dtype=acc_dtype, casting="unsafe")
                     else:
                         if total != 1.0:
                             np.divide(a, acc_real.type(total), out=a)
                         round_into(out[:m], acc[:m])
+                keep_held(out[:m], keep, first)
                 advance(m * dtype.itemsize * len(sources))
                 if progress is not None:
                     progress(m * dtype.itemsize * len(sources))

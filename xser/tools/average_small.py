@@ -6,9 +6,9 @@ writer asks for the arrays one after the other. The arrays of one dtype are cut,
 most one chunk of elements; the first array of a batch asked for computes the whole batch: every checkpoint's bytes of
 its arrays read back to back (``OpenedDir.read_into``: one ``pread`` per run of neighbouring tensors of a container,
 each container's checksum checked once), summed and divided in single passes over the batch, with the same
-operations, in the same order and precision, as the chunk loop of ``average._mean_stream``, and each array whose
-bytes are the same in every checkpoint given back bit for bit (per array, as that loop does per chunk). The result of
-an array is the same bits as when it is averaged alone. Memory: a few batches (each at most one chunk) held for the
+operations, in the same order and precision, as the chunk loop of ``average._mean_stream``. Every element is
+computed alone (``_mean_chunk``: an element every checkpoint holds bit for bit is given back as it is, any other NaN is
+numpy's NaN), so the result of an array is the same bits as when it is averaged alone. Memory: a few batches (each at most one chunk) held for the
 writer threads, recomputed if asked for again after they were let go.
 """
 
@@ -19,7 +19,6 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -37,15 +36,15 @@ BATCH_ARRAYS = 8192
 
 
 def _mean_chunk(
-    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None = None,
-    segments: np.ndarray | None = None,
-) -> tuple[Any, np.ndarray]:
-    """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``); also say whether they were all
-    the same bits, and return the first checkpoint's bits. ``segments``: the piece is several arrays back to back,
-    starting at these byte offsets (none empty); then ``same`` is a bool array, one per array."""
-    same: Any = len(sources) > 1  # every checkpoint holds the same bits here: give them back as they are
-    if segments is not None:
-        same = np.full(len(segments), same)
+    sources: list, wts: list, a: np.ndarray, t: np.ndarray | None, unit: bool, conv: np.ndarray | None, wide: bool,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """Sum the next piece of every checkpoint into ``a`` (weighted unless ``unit``), every NaN of the sum made numpy's
+    NaN; return the elements every checkpoint holds bit for bit (a bool mask over ``a``'s elements, the real parts of
+    complex numbers, or None for none), which the caller gives back as they were saved after rounding, and the first
+    checkpoint's bits. Element by element, so the result of an element never depends on its neighbours, the batch or
+    the chunk. With a ``wide`` accumulator an element held by every checkpoint averages to itself unless it is NaN, so
+    only the NaNs of the first checkpoint are compared."""
+    keep: np.ndarray | None = None
     first = None
     src0 = None
     for i, (src_iter, w) in enumerate(zip(sources, wts)):
@@ -53,10 +52,14 @@ def _mean_chunk(
         bits = piece.view(np.uint8)
         if i == 0:
             first = bits
-        elif segments is not None:
-            same &= ~np.logical_or.reduceat(bits != first, segments)
-        elif same and (not np.array_equal(bits[:64], first[:64]) or not np.array_equal(bits, first)):
-            same = False  # checkpoints that differ almost always differ in the first values
+            if not wide:
+                keep = np.ones(a.size, bool)
+            elif conv is not None:  # bfloat16, float8: NaN tested in float32, which holds every value
+                keep = np.isnan(piece.astype(np.float32))
+            elif _may_hold_nan(_real_parts(piece)):
+                keep = np.isnan(_real_parts(piece))
+        elif keep is not None:
+            keep &= _units(bits, a.size) == _units(first, a.size)
         src = _real_parts(piece)
         if conv is not None:  # an extension dtype: widened exactly before any arithmetic
             np.copyto(conv[: src.size], src, casting="unsafe")
@@ -76,7 +79,56 @@ def _mean_chunk(
         else:
             np.multiply(src, w, out=t, dtype=t.dtype)
             np.add(a, t, out=a, dtype=a.dtype)
-    return same, first
+    canonical_nans(a)
+    if keep is not None and not keep.any():
+        keep = None
+    return keep, first
+
+
+def _may_hold_nan(a: np.ndarray) -> bool:
+    """Whether ``a`` may hold a NaN, in one pass that allocates nothing: its sum is NaN if any value is (or inf
+    meets -inf)."""
+    with np.errstate(all="ignore"):
+        return bool(np.isnan(np.add.reduce(a, axis=None)))
+
+
+def _units(bits: np.ndarray, n: int) -> np.ndarray:
+    """``bits`` (uint8) as ``n`` comparable elements: unsigned integers of the element's width, or rows of bytes."""
+    k = bits.size // n if n else 1
+    if k in (1, 2, 4, 8):
+        return bits.view(np.dtype(f"u{k}"))
+    return bits.reshape(n, k).view(np.dtype((np.void, k))).reshape(n)
+
+
+def element_bits(a: np.ndarray) -> np.ndarray:
+    """The bits of ``a``'s numbers (the real and imaginary parts of complex ones apart), one comparable element each."""
+    real = np.ascontiguousarray(_real_parts(a)).reshape(-1)
+    return _units(real.view(np.uint8), real.size)
+
+
+def canonical_nans(a: np.ndarray) -> None:
+    """Every NaN of ``a`` (a real floating-point accumulator, in place) becomes numpy's NaN. The sign and payload of
+    an addition of two NaNs are those of whichever operand the CPU's instruction takes first, and numpy's SIMD loops
+    order the operands differently in the body and the tail of a loop: so a NaN's bits would depend on its place."""
+    if not _may_hold_nan(a):
+        return
+    nans = np.isnan(a)
+    if nans.any():
+        np.copyto(a, np.nan, where=nans)
+
+
+def keep_held(out: np.ndarray, keep: np.ndarray | None, first: np.ndarray) -> None:
+    """Give back, bit for bit, the elements of ``out`` every checkpoint holds the same (``_mean_chunk``'s ``keep``)."""
+    if keep is not None:
+        n = keep.size
+        np.copyto(_units(out.reshape(-1).view(np.uint8), n), _units(first, n), where=keep)
+
+
+def wide_accumulator(dtype: np.dtype, acc_real: np.dtype) -> bool:
+    """Whether an element every checkpoint holds, other than a NaN, averages back to itself exactly: data of 24
+    significand bits or fewer summed in float64 or wider (29 bits to spare for the weights' roundings)."""
+    real = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return real <= 4 and acc_real.itemsize >= 8
 
 
 def _real_parts(a: np.ndarray) -> np.ndarray:
@@ -182,23 +234,19 @@ class SmallMeans:
             self.dirs[i].read_into([e[i] for e in batch], buf, verify=self.verify)
             yield buf.view(dtype)
 
-        # byte offsets of the non-empty arrays (an empty one has no bytes to compare)
-        full = np.array([n > 0 for n in sizes])
-        seg = np.array(starts[:-1], np.int64)[full] * dtype.itemsize
         sources = [source(i) for i in range(len(self.dirs))]
         rp = _real_parts
         a = rp(acc)
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
-            same, first = _mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv, seg)
+            keep, first = _mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv,
+                                      wide_accumulator(dtype, acc_real))
             if fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
                 np.divide(a, acc_real.type(total), out=out, dtype=acc_dtype, casting="unsafe")
             else:
                 if total != 1.0:
                     np.divide(a, acc_real.type(total), out=a)
                 round_into(out, acc)
-        if same.any():  # NaN payloads, -FLT_MAX in a float32 sum: what was saved, bit for bit (per array)
-            lengths = np.array(sizes, np.int64)[full] * dtype.itemsize
-            np.copyto(out.view(np.uint8), first, where=np.repeat(same, lengths))
+        keep_held(out, keep, first)
         nbytes = m * dtype.itemsize * len(self.dirs)
         advance(nbytes)
         if self.progress is not None:

@@ -20,6 +20,7 @@ from ..errors import CheckpointError, Location, shape_str
 from ..model.tables import runs
 from ..storage.dtypes import is_averaged, round_into
 from ..storage.payloads import Stream
+from .average_small import _real_parts, canonical_nans, element_bits
 
 __all__ = ["BAND_ROWS", "MISSING", "table_streams", "tables_of"]
 
@@ -149,15 +150,37 @@ def _part_chunks(dirs, tables, part, weights, accumulate, missing, band, verify)
             if averaged:
                 acc = np.zeros((union.size,) + row, acc_t)
                 cnt = np.zeros(union.size, np.float64)
+                # ``out`` holds, until the mean is rounded into it, the bits of each element in the first checkpoint
+                # that holds its id; ``held``: every other one that holds it has the same (and, with missing="zero",
+                # every checkpoint holds it): those elements are given back as they are
+                nel = int(np.prod(row, dtype=np.int64)) * (2 if dtype.kind == "c" else 1)
+                first = element_bits(out).reshape(union.size, nel)
+                held = np.ones(first.shape, bool)
+                seen = np.zeros(union.size, np.int64)
                 for (ids, rows), w in zip(g, weights):
                     if ids.size:
                         idx = np.searchsorted(union, ids)
-                        acc[idx] += rows.astype(acc_t) * w
+                        with np.errstate(invalid="ignore", over="ignore"):
+                            t = rows.astype(acc_t)
+                            t *= w
+                            acc[idx] += t
+                            del t
                         cnt[idx] += w
+                        bits = element_bits(rows).reshape(ids.size, nel)
+                        new = seen[idx] == 0
+                        first[idx[new]] = bits[new]
+                        held[idx[~new]] &= bits[~new] == first[idx[~new]]
+                        seen[idx] += 1
+                if missing != "present":
+                    held &= (seen == len(g))[:, None]
+                kept = first[held] if held.any() else None
                 denom = cnt if missing == "present" else np.full(union.size, float(sum(weights)))
                 with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
                     acc /= denom.reshape((-1,) + (1,) * len(row)).astype(acc_t)
+                canonical_nans(_real_parts(acc))
                 round_into(out, acc)
+                if kept is not None:
+                    first[held] = kept
             else:  # copied: the newest checkpoint that holds the id
                 filled = np.zeros(union.size, bool)
                 for ids, rows in g:
