@@ -91,9 +91,41 @@ def returns_soon(call, seconds: float = 30.0) -> dict:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on now (for a torch.distributed rendezvous)."""
-    import socket
+    """A TCP port nobody listens on now (for a torch.distributed rendezvous): see ``free_ports``."""
+    return free_ports(1)[0]
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports nobody holds now, for servers the test starts later (a rendezvous, a job's store).
+
+    Picked below the kernel's ephemeral range (``ip_local_port_range``), at random: a port the kernel handed out for
+    ``bind(0)`` and that was closed again can be handed out anew to any ``connect()`` on the machine (gloo's pairs, a
+    store client) before the test's server binds it, and then the server cannot listen and every rank waits for it
+    (seen in CI: both ranks of a job "hung"). Below the range only a process that asks for the port by number can
+    take it."""
+    import os
+    import random
+    import socket
+    import time
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = range(max(1024, low - 16384), low)
+    rng = random.Random(os.getpid() * 1_000_003 + time.monotonic_ns())
+    out: list[int] = []
+    for _ in range(1000):
+        if len(out) == n:
+            return out
+        port = rng.choice(candidates) if len(candidates) >= 256 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in out:
+            out.append(port)
+    raise RuntimeError(f"no {n} free ports found below {low}")

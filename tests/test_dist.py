@@ -19,7 +19,7 @@ import os
 import queue
 import re
 import shutil
-import socket
+
 import subprocess
 import sys
 import threading
@@ -36,6 +36,7 @@ if importlib.util.find_spec("torch") is None:
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_child.py")
 sys.path.insert(0, os.path.dirname(CHILD))
 from dist_child import BUCKETS, COLS, ROWS, every_id  # noqa: E402
+from helpers import free_ports  # noqa: E402
 
 #: seconds a rank waits for another in the failure tests (xser.dist.TorchDistributed(timeout=))
 TIMEOUT = 3.0
@@ -45,19 +46,6 @@ SLACK = 6.0
 
 
 # ---------------------------------------------------------------- the launcher
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Pool:
