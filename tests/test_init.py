@@ -74,5 +74,5 @@ def test_changelog_names_this_version():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "CHANGELOG.md"), encoding="utf-8") as f:
         versions = re.findall(r"^## (\S+)", f.read(), re.M)
-    assert versions[0] == xser.__version__ == "0.5.0"
+    assert versions[0] == xser.__version__ == "0.5.1"
     assert len(versions) == len(set(versions))
