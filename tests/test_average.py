@@ -475,20 +475,24 @@ def test_every_element_averages_alone_whatever_the_layout(tmp_path_factory, monk
                 8: [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001, 0x7FF80000DEADBEEF]}[k]
     if descr == "bfloat16":
         nan_bits = [0x7FC0, 0xFFC0, 0x7F81, 0x7FDA]
-    weights = [float(w) for w in rng.choice([0.1, 0.7, 1.0, 2.5, 3.0], 3)] if weighted else [1.0, 1.0, 1.0]
+    # weights of 0, 1e-300 and 1e300 too: inf * 0 is NaN, and a subnormal float32 times 1e-300 is not a normal float64
+    weights = [float(w) for w in rng.choice([0.0, 1e-300, 0.1, 0.7, 1.0, 2.5, 3.0, 1e300], 3)] if weighted else [1.0, 1.0, 1.0]
+    if not sum(weights):
+        weights[0] = 0.7
     sizes = [int(n) for n in rng.integers(0, 41, 70)]
+
+    inf = int(np.array(np.inf, np.float32).astype(dt).view(u)) if descr == "bfloat16" else int(np.array(np.inf, real).view(u))
 
     def element(kind: int, r) -> list:
         """One element's value (real-part bits) in each of the 3 checkpoints."""
         one = lambda: int(np.array(r.standard_normal() * 10.0 ** int(r.integers(-3, 4)), real).view(u)) if descr != "bfloat16" \
             else int(np.array(r.standard_normal(), np.float32).astype(dt).view(u))
         if kind == 0:  # held bit for bit by every checkpoint
-            b = int(r.choice(nan_bits + [one(), one(), 1 << (8 * k - 1)]))
+            b = int(r.choice(nan_bits + [one(), one(), 1 << (8 * k - 1), 1, inf]))  # 1: the smallest subnormal
             return [b, b, b]
         if kind == 1:  # NaNs that differ
             return [int(r.choice(nan_bits)) for _ in range(3)]
         if kind == 2:  # a NaN among numbers, or inf and -inf
-            inf = int(np.array(np.inf, np.float32).astype(dt).view(u)) if descr == "bfloat16" else int(np.array(np.inf, real).view(u))
             pick = r.integers(3)
             return [int(r.choice(nan_bits)) if i == pick else one() for i in range(3)] if r.random() < 0.5 \
                 else [inf, inf | (1 << (8 * k - 1)), one()]

@@ -227,7 +227,7 @@ def _mean_stream(dirs: list[OpenedDir], entries: list[ParamEntry], weights, accu
 
     acc_real = np.dtype(acc_dtype.char.lower()) if acc_dtype.kind == "c" else acc_dtype
     fused = dtype.kind == "f" and tag_of(dtype) is None  # round_into is a plain cast for these
-    wide = wide_accumulator(dtype, acc_real)
+    wide = wide_accumulator(dtype, acc_real, weights)
 
     def chunks():
         wts = [acc_real.type(w) for w in weights]  # a Python float would make numpy compute in the data's precision

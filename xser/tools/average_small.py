@@ -124,11 +124,12 @@ def keep_held(out: np.ndarray, keep: np.ndarray | None, first: np.ndarray) -> No
         np.copyto(_units(out.reshape(-1).view(np.uint8), n), _units(first, n), where=keep)
 
 
-def wide_accumulator(dtype: np.dtype, acc_real: np.dtype) -> bool:
+def wide_accumulator(dtype: np.dtype, acc_real: np.dtype, weights) -> bool:
     """Whether an element every checkpoint holds, other than a NaN, averages back to itself exactly: data of 24
-    significand bits or fewer summed in float64 or wider (29 bits to spare for the weights' roundings)."""
+    significand bits or fewer summed in float64 or wider (29 bits to spare for the roundings), with weights that keep
+    every product a normal float64 (none zero: inf times 0 is NaN; none below 2**-400 or above 2**400)."""
     real = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    return real <= 4 and acc_real.itemsize >= 8
+    return real <= 4 and acc_real.itemsize >= 8 and all(2.0**-400 <= w <= 2.0**400 for w in weights)
 
 
 def _real_parts(a: np.ndarray) -> np.ndarray:
@@ -239,7 +240,7 @@ class SmallMeans:
         a = rp(acc)
         with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are averaged like any value
             keep, first = _mean_chunk(sources, wts, a, rp(tmp) if tmp is not None else None, unit, conv,
-                                      wide_accumulator(dtype, acc_real))
+                                      wide_accumulator(dtype, acc_real, ws))
             if fused and total != 1.0:  # divided in the accumulator's precision, rounded once as it is stored
                 np.divide(a, acc_real.type(total), out=out, dtype=acc_dtype, casting="unsafe")
             else:
