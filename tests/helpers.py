@@ -122,7 +122,7 @@ def free_ports(n: int) -> list[int]:
         port = rng.choice(candidates) if len(candidates) >= 256 else 0
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))  # every interface: the servers listen on all of them
             except OSError:
                 continue
             port = s.getsockname()[1]

@@ -152,6 +152,23 @@ class TestSelection:
         assert str(info.value) == f"{path}: {message}"
         assert not os.path.exists(tmp_path / "avg.yaml")
 
+    @pytest.mark.parametrize("weights, accumulate, message", [
+        ([1e308, 1e308], "float64", "the weights' sum inf is out of float64's range: [1e+308, 1e+308]"),
+        ([1e300, 1.0], "float32", "weight 1e+300 is out of float32's range: [1e+300, 1.0]"),
+        ([1.0, 1e-300], "float32", "weight 1e-300 is out of float32's range: [1.0, 1e-300]"),
+        ([3e38, 3e38], "float32", "the weights' sum 6e+38 is out of float32's range: [3e+38, 3e+38]"),
+    ])
+    def test_weights_out_of_the_accumulators_range(self, tmp_path, weights, accumulate, message):
+        """A weight that would round to 0 or inf in the accumulator, or weights whose sum overflows (every mean would
+        be NaN or 0), are refused; a zero weight is allowed."""
+        path, _ = run_of(tmp_path, [1.0, 2.0])
+        with pytest.raises(xser.CheckpointError) as info:
+            average(path, tmp_path / "avg.yaml", weights=weights, accumulate=accumulate)
+        assert str(info.value) == f"{path}: {message}"
+        assert not os.path.exists(tmp_path / "avg.yaml")
+        average(path, tmp_path / "avg.yaml", weights=[0.0, 1e-300], accumulate="float64")
+        assert np.all(xser.load(tmp_path / "avg.yaml").encoder.W == 1.0)
+
     def test_single_checkpoint_is_a_copy_with_a_note(self, tmp_path):
         """Averaging one checkpoint is allowed and says so."""
         path, _ = run_of(tmp_path, [1.0, 2.0])
@@ -535,3 +552,36 @@ def test_every_element_averages_alone_whatever_the_layout(tmp_path_factory, monk
             gb = got.view(u) if dt.kind != "c" else got.view(real).view(u)
             assert got.dtype == dt and got.shape == xs[0].shape, name
             assert gb.tolist() == eb.tolist(), (name, [hex(b) for b in gb], [hex(b) for b in eb])
+
+
+def test_long_double_padding_is_neither_compared_nor_written(tmp_path):
+    """A long double (x87: 10 bytes of value in 12 or 16) is compared by its value bytes, so checkpoints holding the
+    same values with different padding give those values back, and the average's padding is zero whatever the memory
+    held: the same bytes (and checksum) at any memory budget."""
+    ld = np.dtype(np.longdouble)
+    if np.finfo(ld).nmant != 63:
+        pytest.skip("long double is not x87 extended precision here")
+    rng = np.random.default_rng(3)
+    vals = rng.standard_normal(1000).astype(ld)
+    vals[::7] = np.nan
+    path = str(tmp_path / "m.yaml")
+    leaf = leaf_of({"x": vals.copy(), "c": vals.astype(np.clongdouble)})
+    with xser.CheckpointSaver(path, keep=3) as saver:
+        for step in range(3):
+            for name in ("x", "c"):
+                a = xser.params(leaf)[name]
+                b = a.reshape(-1).view(np.uint8).reshape(-1, ld.itemsize)
+                b[:, 10:] = rng.integers(0, 256, b[:, 10:].shape, dtype=np.uint8)  # other padding, same values
+            saver.save(leaf, step=step)
+    for budget, out in ((None, "a"), (1, "b"), (1 << 20, "c")):
+        kw = {} if budget is None else {"memory_budget": budget}
+        average(path, tmp_path / f"{out}.yaml", weights=[0.1, 0.2, 0.7], **kw)
+    got = [next(iter(xser.read_params(tmp_path / f"{o}.yaml").values())) for o in "abc"]
+    for name in ("x", "c"):
+        raw = [g[name].reshape(-1).view(np.uint8).reshape(-1, ld.itemsize) for g in got]
+        want = vals if name == "x" else vals.astype(np.clongdouble)
+        w = want.reshape(-1).view(np.uint8).reshape(-1, ld.itemsize)
+        for r in raw:
+            assert r[:, :10].tobytes() == w[:, :10].tobytes(), name  # held: the values exactly, NaNs included
+            assert not r[:, 10:].any(), name
+        assert raw[0].tobytes() == raw[1].tobytes() == raw[2].tobytes()

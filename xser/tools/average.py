@@ -136,7 +136,7 @@ def _first_dup(xs: Sequence[int]) -> int:
     return xs[0]
 
 
-def _weights(weights: Sequence[float] | None, n: int, where: Location) -> tuple[float, ...]:
+def _weights(weights: Sequence[float] | None, n: int, where: Location, accumulate: str = "float64") -> tuple[float, ...]:
     if weights is None:
         return (1.0,) * n
     ws = tuple(float(w) for w in weights)
@@ -148,6 +148,14 @@ def _weights(weights: Sequence[float] | None, n: int, where: Location) -> tuple[
         raise CheckpointError(f"weights must not be negative, got {list(ws)}", where)
     if sum(ws) == 0:
         raise CheckpointError(f"weights sum to zero: {list(ws)}", where)
+    # every weight, and their sum, a finite non-zero number in the accumulator (a sum that overflows would divide
+    # every mean into NaN or 0; a weight that rounds to 0 or inf in float32 is not the weight asked for)
+    acc = np.dtype(accumulate).type
+    with np.errstate(over="ignore", under="ignore"):
+        bad = [w for w in ws if w and not (math.isfinite(acc(w)) and acc(w) != 0)]
+        if bad or not math.isfinite(acc(sum(ws))):
+            what = f"weight {bad[0]!r} is" if bad else f"the weights' sum {sum(ws)!r} is"
+            raise CheckpointError(f"{what} out of {accumulate}'s range: {list(ws)}", where)
     return ws
 
 
@@ -330,7 +338,7 @@ def _average_paths(path: str, out: str, *, last, checkpoints, best, metric, mode
 def _average(path: str, out: str, chosen: list[Checkpoint], dirs: list[OpenedDir], *, weights, accumulate, durable, force,
              progress, memory_budget, verify, missing="present", drop_slots=False) -> AverageReport:
     where = Location(path)
-    ws = _weights(weights, len(chosen), where)
+    ws = _weights(weights, len(chosen), where, accumulate)
     for d, c in zip(dirs[1:], chosen[1:]):
         _check_same(dirs[0], d, chosen[0], c)
     newest = dirs[0]

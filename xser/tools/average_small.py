@@ -54,16 +54,14 @@ def _mean_chunk(
             first = bits
             if not wide:
                 keep = np.ones(a.size, bool)
-            elif conv is not None:  # bfloat16, float8: NaN tested in float32, which holds every value
-                keep = np.isnan(piece.astype(np.float32))
-            elif _may_hold_nan(_real_parts(piece)):
-                keep = np.isnan(_real_parts(piece))
         elif keep is not None:
-            keep &= _units(bits, a.size) == _units(first, a.size)
+            keep &= same_bits(_units(bits, a.size), _units(first, a.size))
         src = _real_parts(piece)
         if conv is not None:  # an extension dtype: widened exactly before any arithmetic
             np.copyto(conv[: src.size], src, casting="unsafe")
             src = conv[: src.size]
+        if i == 0 and wide and _may_hold_nan(src):  # (bfloat16, float8: tested widened, in ``conv``)
+            keep = np.isnan(src)
         # dtype= fixes the loop to the accumulator's precision: numpy 1's value-based casting would otherwise
         # multiply a float32 piece by a float64 scalar weight in float32
         if i == 0:  # start from the first checkpoint itself: keeps -0.0, inf and nan exact
@@ -92,12 +90,42 @@ def _may_hold_nan(a: np.ndarray) -> bool:
         return bool(np.isnan(np.add.reduce(a, axis=None)))
 
 
+#: bytes of a long double that hold its value (x87 extended precision: 10 of 12 or 16; the rest is padding whose
+#: bits are whatever the memory held)
+_LONG_BYTES = 10 if np.finfo(np.longdouble).nmant == 63 else np.dtype(np.longdouble).itemsize
+
+
 def _units(bits: np.ndarray, n: int) -> np.ndarray:
-    """``bits`` (uint8) as ``n`` comparable elements: unsigned integers of the element's width, or rows of bytes."""
+    """``bits`` (uint8) as ``n`` comparable elements: unsigned integers of the element's width, or (long double) rows
+    of bytes, one per element."""
     k = bits.size // n if n else 1
     if k in (1, 2, 4, 8):
         return bits.view(np.dtype(f"u{k}"))
-    return bits.reshape(n, k).view(np.dtype((np.void, k))).reshape(n)
+    return bits.reshape(n, k)
+
+
+def unit_width(dtype: np.dtype) -> int:
+    """The second dimension of ``_units`` of ``dtype``'s numbers: 1 (unsigned integers), or a long double's bytes."""
+    k = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return 1 if k in (1, 2, 4, 8) else k
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element by element, whether two ``_units`` (or the same shaped as ``n x unit_width``) hold the same value bits
+    (a long double's padding ignored)."""
+    if a.ndim == 1:
+        return a == b
+    if a.shape[1] == 1:
+        return (a == b)[:, 0]
+    return (a[:, :_LONG_BYTES] == b[:, :_LONG_BYTES]).all(axis=1)
+
+
+def give_back(dst: np.ndarray, src: np.ndarray, where: np.ndarray) -> None:
+    """``dst[where] = src[where]`` for two ``_units``; a long double's padding is then zeroed, so that the bytes
+    written (and their checksum) never depend on what the memory held."""
+    np.copyto(dst, src, where=where if dst.ndim == 1 else where[:, None])
+    if dst.ndim == 2:
+        dst[:, _LONG_BYTES:] = 0
 
 
 def element_bits(a: np.ndarray) -> np.ndarray:
@@ -118,10 +146,12 @@ def canonical_nans(a: np.ndarray) -> None:
 
 
 def keep_held(out: np.ndarray, keep: np.ndarray | None, first: np.ndarray) -> None:
-    """Give back, bit for bit, the elements of ``out`` every checkpoint holds the same (``_mean_chunk``'s ``keep``)."""
-    if keep is not None:
-        n = keep.size
-        np.copyto(_units(out.reshape(-1).view(np.uint8), n), _units(first, n), where=keep)
+    """Give back, bit for bit, the elements of ``out`` every checkpoint holds the same (``_mean_chunk``'s ``keep``),
+    and zero a long double's padding."""
+    n = out.size * (2 if out.dtype.kind == "c" else 1)
+    dst = _units(out.reshape(-1).view(np.uint8), n)
+    if keep is not None or dst.ndim == 2:
+        give_back(dst, _units(first, n), keep if keep is not None else np.zeros(n, bool))
 
 
 def wide_accumulator(dtype: np.dtype, acc_real: np.dtype, weights) -> bool:

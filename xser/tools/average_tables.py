@@ -20,7 +20,7 @@ from ..errors import CheckpointError, Location, shape_str
 from ..model.tables import runs
 from ..storage.dtypes import is_averaged, round_into
 from ..storage.payloads import Stream
-from .average_small import _real_parts, canonical_nans, element_bits
+from .average_small import _LONG_BYTES, _real_parts, canonical_nans, element_bits, same_bits, unit_width
 
 __all__ = ["BAND_ROWS", "MISSING", "table_streams", "tables_of"]
 
@@ -153,34 +153,42 @@ def _part_chunks(dirs, tables, part, weights, accumulate, missing, band, verify)
                 # ``out`` holds, until the mean is rounded into it, the bits of each element in the first checkpoint
                 # that holds its id; ``held``: every other one that holds it has the same (and, with missing="zero",
                 # every checkpoint holds it): those elements are given back as they are
-                nel = int(np.prod(row, dtype=np.int64)) * (2 if dtype.kind == "c" else 1)
-                first = element_bits(out).reshape(union.size, nel)
-                held = np.ones(first.shape, bool)
+                per_row = int(np.prod(row, dtype=np.int64))
+                nel = per_row * (2 if dtype.kind == "c" else 1)
+                width = unit_width(dtype)  # 1, or a long double's bytes
+                first = element_bits(out).reshape(union.size, nel, width)
+                held = np.ones(first.shape[:2], bool)
                 seen = np.zeros(union.size, np.int64)
                 for (ids, rows), w in zip(g, weights):
                     if ids.size:
                         idx = np.searchsorted(union, ids)
                         with np.errstate(invalid="ignore", over="ignore"):
-                            t = rows.astype(acc_t)
-                            t *= w
-                            acc[idx] += t
+                            t = rows.astype(acc_t).reshape(ids.size, per_row)
+                            _real_parts(t)[...] *= w  # complex numbers as pairs of reals: inf * (w + 0j) is NaN
+                            acc[idx] += t.reshape(rows.shape)
                             del t
                         cnt[idx] += w
-                        bits = element_bits(rows).reshape(ids.size, nel)
+                        bits = element_bits(rows).reshape(ids.size, nel, width)
                         new = seen[idx] == 0
                         first[idx[new]] = bits[new]
-                        held[idx[~new]] &= bits[~new] == first[idx[~new]]
+                        old = idx[~new]
+                        held[old] &= same_bits(bits[~new].reshape(-1, width), first[old].reshape(-1, width)).reshape(old.size, nel)
                         seen[idx] += 1
                 if missing != "present":
                     held &= (seen == len(g))[:, None]
-                kept = first[held] if held.any() else None
+                # (a mask of every dimension: numpy's flat path, not index arrays of 16 bytes an element)
+                flat = first[:, :, 0] if width == 1 else first
+                kept = flat[held] if held.any() else None
                 denom = cnt if missing == "present" else np.full(union.size, float(sum(weights)))
                 with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-                    acc /= denom.reshape((-1,) + (1,) * len(row)).astype(acc_t)
-                canonical_nans(_real_parts(acc))
+                    a = _real_parts(acc.reshape(union.size, per_row))
+                    a /= denom.astype(a.dtype)[:, None]
+                    canonical_nans(a)
                 round_into(out, acc)
                 if kept is not None:
-                    first[held] = kept
+                    flat[held] = kept
+                if width > 1:  # long double: padding zeroed (give_back's rule)
+                    first[:, :, _LONG_BYTES:] = 0
             else:  # copied: the newest checkpoint that holds the id
                 filled = np.zeros(union.size, bool)
                 for ids, rows in g:
