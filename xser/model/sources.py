@@ -188,11 +188,11 @@ class Store:
             for e in entries.values():
                 for b in e.blocks:
                     start, shape = b.box(e.shape)
-                    if any(start[0] < stop and first < start[0] + shape[0] for first, stop in spans):
+                    if any(start[0] < end and first < start[0] + shape[0] for first, end in spans):
                         self.dir.verify_once(b)
         ids_out, keep = [], []
-        for first, stop in spans:
-            ids = self.dir.read(ids_e, rows=(first, stop))
+        for first, end in spans:
+            ids = self.dir.read(ids_e, rows=(first, end))
             k = np.flatnonzero(select(which, ids))
             ids_out.append(ids[k])
             keep.append(k + first)

@@ -8,7 +8,6 @@ confined to the directory, and block layouts are checked to tile their parameter
 
 from __future__ import annotations
 
-import math
 import json
 import os
 from collections.abc import Mapping
