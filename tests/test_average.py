@@ -471,7 +471,7 @@ def _reference_mean(xs: list[np.ndarray], ws: list[float], dtype: np.dtype) -> n
 _NAN_DTYPES = ["<f2", "<f4", "<f8", "<c8", "bfloat16"]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=[Phase.generate])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=[Phase.generate])
 @given(seed=st.integers(0, 2**32 - 1), descr=st.sampled_from(_NAN_DTYPES), weighted=st.booleans())
 def test_every_element_averages_alone_whatever_the_layout(tmp_path_factory, monkeypatch, seed, descr, weighted):
     """Each element of an average depends on that element of each checkpoint only, never on its neighbours, its place
