@@ -104,9 +104,14 @@ def _units(bits: np.ndarray, n: int) -> np.ndarray:
     return bits.reshape(n, k)
 
 
+def _real_size(dtype: np.dtype) -> int:
+    """The bytes of one of ``dtype``'s real numbers (a complex number's part)."""
+    return dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+
+
 def unit_width(dtype: np.dtype) -> int:
     """The second dimension of ``_units`` of ``dtype``'s numbers: 1 (unsigned integers), or a long double's bytes."""
-    k = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    k = _real_size(dtype)
     return 1 if k in (1, 2, 4, 8) else k
 
 
@@ -120,12 +125,11 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a[:, :_LONG_BYTES] == b[:, :_LONG_BYTES]).all(axis=1)
 
 
-def give_back(dst: np.ndarray, src: np.ndarray, where: np.ndarray) -> None:
-    """``dst[where] = src[where]`` for two ``_units``; a long double's padding is then zeroed, so that the bytes
-    written (and their checksum) never depend on what the memory held."""
-    np.copyto(dst, src, where=where if dst.ndim == 1 else where[:, None])
-    if dst.ndim == 2:
-        dst[:, _LONG_BYTES:] = 0
+def zero_padding(units: np.ndarray) -> None:
+    """Zero the padding of ``_units`` that are long doubles (rows of bytes), so that the bytes written (and their
+    checksum) never depend on what the memory held; nothing for other units."""
+    if units.ndim == 2 and units.shape[1] > _LONG_BYTES:
+        units[:, _LONG_BYTES:] = 0
 
 
 def element_bits(a: np.ndarray) -> np.ndarray:
@@ -150,16 +154,16 @@ def keep_held(out: np.ndarray, keep: np.ndarray | None, first: np.ndarray) -> No
     and zero a long double's padding."""
     n = out.size * (2 if out.dtype.kind == "c" else 1)
     dst = _units(out.reshape(-1).view(np.uint8), n)
-    if keep is not None or dst.ndim == 2:
-        give_back(dst, _units(first, n), keep if keep is not None else np.zeros(n, bool))
+    if keep is not None:
+        np.copyto(dst, _units(first, n), where=keep if dst.ndim == 1 else keep[:, None])
+    zero_padding(dst)
 
 
 def wide_accumulator(dtype: np.dtype, acc_real: np.dtype, weights) -> bool:
     """Whether an element every checkpoint holds, other than a NaN, averages back to itself exactly: data of 24
     significand bits or fewer summed in float64 or wider (29 bits to spare for the roundings), with weights that keep
     every product a normal float64 (none zero: inf times 0 is NaN; none below 2**-400 or above 2**400)."""
-    real = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    return real <= 4 and acc_real.itemsize >= 8 and all(2.0**-400 <= w <= 2.0**400 for w in weights)
+    return _real_size(dtype) <= 4 and acc_real.itemsize >= 8 and all(2.0**-400 <= w <= 2.0**400 for w in weights)
 
 
 def _real_parts(a: np.ndarray) -> np.ndarray:

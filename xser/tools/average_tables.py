@@ -20,7 +20,7 @@ from ..errors import CheckpointError, Location, shape_str
 from ..model.tables import runs
 from ..storage.dtypes import is_averaged, round_into
 from ..storage.payloads import Stream
-from .average_small import _LONG_BYTES, _real_parts, canonical_nans, element_bits, same_bits, unit_width
+from .average_small import _real_parts, canonical_nans, element_bits, same_bits, unit_width, zero_padding
 
 __all__ = ["BAND_ROWS", "MISSING", "table_streams", "tables_of"]
 
@@ -187,8 +187,7 @@ def _part_chunks(dirs, tables, part, weights, accumulate, missing, band, verify)
                 round_into(out, acc)
                 if kept is not None:
                     flat[held] = kept
-                if width > 1:  # long double: padding zeroed (give_back's rule)
-                    first[:, :, _LONG_BYTES:] = 0
+                zero_padding(first.reshape(-1, width))
             else:  # copied: the newest checkpoint that holds the id
                 filled = np.zeros(union.size, bool)
                 for ids, rows in g:
